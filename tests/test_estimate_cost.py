@@ -1,0 +1,262 @@
+"""The cost model: scripts/estimate_cost.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from stacks.instance_types import INSTANCE_TYPES, PRICES_AS_OF
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "estimate_cost.py"
+
+# The SageMaker benchmark (BERT-base classification, same batch and data, one node each).
+SEED_ARGS = [
+    "--instance-type", "ml.trn1.32xlarge", "--price", "24.725",
+    "--unit", "it/s", "--throughput", "6.64", "--seconds", "6033",
+    "--compare", "ml.p4d.24xlarge=5.44", "--price", "ml.p4d.24xlarge=37.69",
+    "--seconds", "ml.p4d.24xlarge=6553",
+]  # fmt: skip
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("estimate_cost", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ec = _load()
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert ec.main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def run_text(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert ec.main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def by_type(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["instance_type"]: e for e in report["estimates"]}
+
+
+def test_reproduces_the_sagemaker_seed_table(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, *SEED_ARGS)
+    est = by_type(report)
+    trn, p4d = est["ml.trn1.32xlarge"], est["ml.p4d.24xlarge"]
+    # The seed prints $41.47; its own inputs give 24.725 $/h x 6033 s = $41.435.
+    assert trn["cost_usd"] == pytest.approx(24.725 * 6033 / 3600)
+    assert round(trn["cost_usd"], 1) == 41.4
+    assert abs(trn["cost_usd"] - 41.47) < 0.05
+    assert round(p4d["cost_usd"], 1) == 68.6
+    assert trn["instance_hours"] == pytest.approx(6033 / 3600)
+    assert trn["price_source"] == p4d["price_source"] == "override"
+    (cmp,) = report["comparisons"]
+    assert cmp["instance_type"] == "ml.p4d.24xlarge"
+    assert round(cmp["speedup"], 2) == 1.22  # "about 22% faster"
+    assert round(1 - cmp["cost_ratio"], 2) == 0.40  # "about 40% cheaper"
+    assert cmp["saving_usd"] == pytest.approx(68.606 - 41.435, abs=0.01)
+
+    text = run_text(capsys, *SEED_ARGS)
+    assert "$41.43" in text and "$68.61" in text and "$24.725" in text
+    assert "22% faster (6.64 vs 5.44 it/s)" in text
+    assert "40% cheaper" in text
+    assert f"as of {PRICES_AS_OF}" in text
+
+
+def test_time_and_cost_from_dataset_epochs_and_table_price(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = run_json(
+        capsys,
+        *("--instance-type", "trn1.32xlarge", "--nodes", "2", "--throughput", "1000"),
+        *("--dataset-size", "1000000", "--epochs", "2", "--tokens-per-sample", "128"),
+        *("--compare", "p4d.24xlarge=800"),
+    )
+    est = by_type(report)
+    trn, p4d = est["trn1.32xlarge"], est["p4d.24xlarge"]
+    price = INSTANCE_TYPES["trn1.32xlarge"].on_demand_usd_per_hour
+    assert trn["train_seconds"] == pytest.approx(2000)
+    assert trn["instance_hours"] == pytest.approx(2 * 2000 / 3600)
+    assert trn["cost_usd"] == pytest.approx(price * 2 * 2000 / 3600)
+    assert trn["cost_per_million_samples_usd"] == pytest.approx(trn["cost_usd"] / 2)
+    assert trn["cost_per_million_tokens_usd"] == pytest.approx(trn["cost_usd"] / 256)
+    assert trn["price_source"] == f"on-demand us-east-1 {PRICES_AS_OF}"
+    # The comparison runs the same work on the same node count at its own throughput.
+    assert p4d["nodes"] == 2
+    assert p4d["train_seconds"] == pytest.approx(2500)
+    assert report["work"] == {"samples": 2_000_000, "tokens": 256_000_000}
+
+
+def test_cold_compile_cache_is_billed_and_warm_saving_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("--nodes", "4", "--throughput", "100", "--samples", "360000", "--compile-seconds", "1800")
+    price = INSTANCE_TYPES["trn1.32xlarge"].on_demand_usd_per_hour
+    cold = by_type(run_json(capsys, *args, "--compare", "p5.48xlarge=100"))
+    trn = cold["trn1.32xlarge"]
+    assert trn["total_seconds"] == pytest.approx(3600 + 1800)
+    assert trn["cost_usd"] == pytest.approx(price * 4 * 1.5)
+    assert trn["warm_cache_saving_usd"] == pytest.approx(price * 4 * 0.5)
+    assert cold["p5.48xlarge"]["warm_cache_saving_usd"] == 0
+
+    warm = by_type(run_json(capsys, *args, "--cache", "warm"))["trn1.32xlarge"]
+    assert warm["total_seconds"] == pytest.approx(3600)
+    assert warm["cost_usd"] == pytest.approx(price * 4)
+    assert warm["cost_cold_cache_usd"] == pytest.approx(trn["cost_usd"])
+
+    text = run_text(capsys, *args)
+    assert "compile time (cold cache)" in text and "30 min 00 s" in text
+    assert f"${price * 4 * 0.5:,.2f}" in text  # the warm-cache saving
+
+
+@pytest.mark.parametrize(
+    ("args", "seconds"),
+    [
+        (("--unit", "it/s", "--throughput", "2", "--steps", "1000"), 500),
+        (("--unit", "it/s", "--throughput", "2", "--samples", "32000", "--batch-size", "32"), 500),
+        (("--unit", "samples/s", "--throughput", "64", "--steps", "1000", "--batch-size", "32"), 500),
+        (("--unit", "tokens/s", "--throughput", "512", "--samples", "1000", "--tokens-per-sample", "128"), 250),
+        (("--unit", "samples/s", "--throughput", "4", "--tokens", "128000", "--tokens-per-sample", "128"), 250),
+    ],
+)  # fmt: skip
+def test_throughput_units_convert(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], seconds: float
+) -> None:
+    report = run_json(capsys, *args, "--compare", "p4d.24xlarge")
+    assert report["estimates"][0]["train_seconds"] == pytest.approx(seconds)
+
+
+def test_break_even_throughput_for_gpus_without_a_throughput(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = run_text(capsys, "--throughput", "100", "--samples", "360000")
+    trn_h = INSTANCE_TYPES["trn1.32xlarge"].on_demand_usd_per_hour or 0
+    for name in ("p4d.24xlarge", "p5.48xlarge"):
+        gpu_h = INSTANCE_TYPES[name].on_demand_usd_per_hour or 0
+        # Same cost: the GPU must do the hour's work in trn_h / gpu_h hours.
+        assert f"{name} breaks even at {100 * gpu_h / trn_h:.4g} samples/s" in text
+
+
+def test_measured_time_scales_to_the_comparison(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(
+        capsys, "--throughput", "10", "--seconds", "1000", "--compare", "p5.48xlarge=20"
+    )
+    assert by_type(report)["p5.48xlarge"]["train_seconds"] == pytest.approx(500)
+
+
+def test_reads_a_trainer_metrics_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [
+        {"event": "train", "step": 10, "loss": 1.0, "samples_per_second": 90.0},
+        {"event": "eval", "step": 10, "eval_loss": 0.9, "eval_accuracy": 0.5},
+        {
+            "event": "summary",
+            "samples_per_second": 100.0,
+            "tokens_per_second": 12800.0,
+            "train_seconds": 50.0,
+            "samples": 5000,
+            "compile_seconds": 30.0,
+        },
+    ]
+    metrics.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    report = run_json(capsys, "--metrics", str(metrics), "--compare", "p4d.24xlarge=50")
+    trn = by_type(report)["trn1.32xlarge"]
+    assert trn["throughput"] == 100 and trn["throughput_unit"] == "samples/s"
+    assert trn["train_seconds"] == 50 and trn["compile_seconds"] == 30
+    assert report["work"] == {"samples": 5000, "tokens": 640000}
+    assert by_type(report)["p4d.24xlarge"]["train_seconds"] == pytest.approx(100)
+    # Projected to a bigger dataset at the measured throughput.
+    big = run_json(capsys, "--metrics", str(metrics), "--dataset-size", "100000", "--epochs", "3")
+    assert big["estimates"][0]["train_seconds"] == pytest.approx(3000)
+
+
+def test_metrics_file_without_summary_uses_train_events(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    rates = [80.0, 120.0]
+    metrics.write_text(
+        "".join(json.dumps({"event": "train", "samples_per_second": r}) + "\n" for r in rates)
+    )
+    report = run_json(capsys, "--metrics", str(metrics), "--samples", "1000")
+    assert report["estimates"][0]["train_seconds"] == pytest.approx(10)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--throughput", "1"], "give the amount of work"),
+        (["--samples", "10"], "give --throughput"),
+        (["--instance-type", "x1.large", "--throughput", "1", "--samples", "1"], "unknown instance type 'x1.large'"),
+        (["--instance-type", "ml.trn1.32xlarge", "--throughput", "1", "--samples", "1"], "--price ml.trn1.32xlarge=USD_PER_HOUR"),
+        (["--instance-type", "trn2.48xlarge", "--throughput", "1", "--samples", "1"], "no on-demand price for trn2.48xlarge"),
+        (["--throughput", "-3", "--samples", "1"], "argument --throughput: expected a number > 0"),
+        (["--throughput", "1", "--steps", "10"], "give --batch-size"),
+        (["--throughput", "1", "--samples", "1", "--price", "p5.48xlarge=cheap"], "--price 'p5.48xlarge=cheap'"),
+        (["--throughput", "1", "--samples", "1", "--nodes", "0"], "--nodes '0'"),
+        (["--throughput", "1", "--samples", "1", "--compare", "p5.48xlarge=fast"], "--compare 'p5.48xlarge=fast'"),
+        (["--throughput", "1", "--samples", "1", "--compare", "trn1.32xlarge=2"], "different instance type"),
+        (["--throughput", "1", "--samples", "1", "--epochs", "2"], "--epochs needs --dataset-size"),
+        (["--throughput", "1", "--samples", "1", "--unit", "flops"], "argument --unit: invalid choice"),
+        (["--metrics", "/nonexistent/metrics.jsonl"], "cannot read metrics file"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    try:
+        code = ec.main(args)
+    except SystemExit as exc:  # argparse's own checks
+        code = exc.code
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert message in err
+
+
+def test_metrics_file_that_is_not_json_lines(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text('{"event": "train", "samples_per_second": 1}\nnot json\n')
+    assert ec.main(["--metrics", str(bad)]) == 2
+    assert f"{bad}:2: not a JSON line" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"event": "eval", "eval_loss": 1}\n')
+    assert ec.main(["--metrics", str(empty)]) == 2
+    assert "no 'summary' or 'train' event" in capsys.readouterr().err
+
+
+def test_command_line_entry_point() -> None:
+    ok = subprocess.run(
+        [sys.executable, str(SCRIPT), *SEED_ARGS, "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert round(json.loads(ok.stdout)["estimates"][0]["cost_usd"], 1) == 41.4
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), "--instance-type", "nope"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and "unknown instance type 'nope'" in bad.stderr
