@@ -28,7 +28,6 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): requirements.txt requirements-dev.txt workload/requirements.txt package.json package-lock.json | $(BIN)/python
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
