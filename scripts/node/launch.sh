@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Starts this node's part of a multi-node data-parallel training job.
+#
+#   launch.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500] [--nproc-per-node auto|N]
+#             [--jobs-root /fsx/jobs] [--node-address ADDR] [--wrap CMD] [--dry-run]
+#             -- <train.py args>
+#
+# Every node runs the same command line (the RunTraining SSM document sends it to all of
+# them). Each finds its rank as the position of its own address in --hosts; the first host
+# is the torchrun master. The job writes to <jobs-root>/<job-id>; running the same job ID
+# again resumes from its latest checkpoint (workload/train.py resumes from --output).
+# Output is also appended to <jobs-root>/<job-id>/logs/node-<rank>-<address>.log.
+# --wrap runs torchrun under another command (precompile.sh uses neuron_parallel_compile);
+# --dry-run prints the environment and the torchrun command line instead of running it.
+set -Eeuo pipefail
+# shellcheck source=scripts/node/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+trap 'on_err $LINENO "$BASH_COMMAND"' ERR
+
+load_cluster_env || true
+
+hosts_arg="" job_id="" master_port=29500 nproc_arg=auto node_address_arg="" wrap="" dry_run=0
+jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
+while (($#)); do
+  case $1 in
+    --hosts | --job-id | --master-port | --nproc-per-node | --jobs-root | --node-address | --wrap)
+      (($# >= 2)) || die "$1 needs a value (see --help)"
+      case $1 in
+        --hosts) hosts_arg=$2 ;;
+        --job-id) job_id=$2 ;;
+        --master-port) master_port=$2 ;;
+        --nproc-per-node) nproc_arg=$2 ;;
+        --jobs-root) jobs_root=$2 ;;
+        --node-address) node_address_arg=$2 ;;
+        --wrap) wrap=$2 ;;
+      esac
+      shift 2
+      ;;
+    --dry-run) dry_run=1 && shift ;;
+    -h | --help) usage && exit 0 ;;
+    --) shift && break ;;
+    *) die "unknown option '$1': options come first, then -- and the train.py arguments (see --help)" ;;
+  esac
+done
+train_args=("$@")
+
+[[ -n $job_id ]] || die "--job-id is required"
+validate_job_id "$job_id"
+validate_port --master-port "$master_port"
+((master_port < 65535)) || die "--master-port $master_port leaves no port for the Neuron root communicator (port + 1): use at most 65534"
+validate_nproc "$nproc_arg"
+parse_hosts "$hosts_arg"
+for arg in "${train_args[@]}"; do
+  if [[ $arg == --output || $arg == --output=* ]]; then
+    die "train.py arguments must not set --output: the job writes to <jobs-root>/<job-id>"
+  fi
+done
+
+MASTER_PORT=$master_port
+find_node_rank "$node_address_arg"
+resolve_nproc "$nproc_arg"
+export_job_environment
+
+WORKLOAD_DIR="${WORKLOAD_DIR:-$CLUSTER_ROOT/workload}"
+[[ -f $WORKLOAD_DIR/train.py ]] || die "no train.py in WORKLOAD_DIR $WORKLOAD_DIR"
+workload_parent="$(cd "$WORKLOAD_DIR/.." && pwd)"
+export PYTHONPATH="$workload_parent${PYTHONPATH:+:$PYTHONPATH}"
+output_dir="$jobs_root/$job_id"
+
+# Tags every process of this job so that stop.sh (and the next attempt) can find them.
+export TRAINIUM_JOB_ID="$job_id" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" TRAINIUM_NODE_RANK="$NODE_RANK"
+
+command=(torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK"
+  --master_addr "${HOSTS[0]}" --master_port "$MASTER_PORT" --nproc_per_node "$NPROC"
+  "$WORKLOAD_DIR/train.py" --output "$output_dir" "${train_args[@]}")
+if [[ -n $wrap ]]; then
+  command=("$wrap" "${command[@]}")
+fi
+
+if ((dry_run)); then
+  env | grep -E '^(FI_|NEURON_|CCOM_|GLOO_|MALLOC_ARENA_MAX|TRAINIUM_|PYTHONPATH)' | sort
+  printf '%q ' "${command[@]}"
+  echo
+  exit 0
+fi
+
+require_ready
+activate_python
+mkdir -p "$output_dir/logs"
+log_files=("$output_dir/logs/node-$NODE_RANK-$NODE_ADDRESS.log")
+if mkdir -p "$LOG_DIR/jobs" 2>/dev/null && [[ -w $LOG_DIR/jobs ]]; then
+  log_files+=("$LOG_DIR/jobs/$job_id.log")
+fi
+exec > >(tee -a "${log_files[@]}") 2>&1
+
+log "job $job_id: node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS), $NPROC processes, master ${HOSTS[0]}:$MASTER_PORT"
+log "output: $output_dir"
+if stop_job "$job_id" 30 "$NODE_ADDRESS"; then
+  log "stopped processes left over from an earlier attempt of job $job_id"
+fi
+cd "$workload_parent"
+log "running: ${command[*]}"
+
+start=$(date +%s)
+"${command[@]}" &
+child=$!
+# Forward a stop request to torchrun, which passes it on to its workers.
+trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT HUP
+status=0
+while true; do
+  wait "$child" || status=$?
+  # wait returns early when a trapped signal arrives; keep waiting while torchrun runs.
+  kill -0 "$child" 2>/dev/null || break
+  status=0
+done
+trap - TERM INT HUP
+if ((status == 0)); then
+  log "job $job_id: torchrun finished on node rank $NODE_RANK after $(($(date +%s) - start)) s"
+else
+  log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $(($(date +%s) - start)) s"
+fi
+exit "$status"

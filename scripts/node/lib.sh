@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# Functions shared by the node scripts (bootstrap, launch, preflight, precompile, stop).
+# Sourced, never run. Every caller runs under `set -Eeuo pipefail`.
+#
+# Paths and tools can be redirected through the environment, which is how the local
+# rehearsal and the tests run these scripts on a machine that is not a cluster node:
+#   TRAINIUM_CLUSTER_ENV  cluster settings file       (/etc/trainium-cluster/cluster.env)
+#   TRAINIUM_STATE_DIR    ready marker and lock       (/var/lib/trainium-cluster)
+#   TRAINIUM_LOG_DIR      node-local logs             (/var/log/trainium-cluster)
+
+# shellcheck disable=SC2034  # variables below are read by the scripts that source this file
+NODE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CLUSTER_ROOT="$(cd "$NODE_DIR/../.." && pwd)"
+ENV_FILE="${TRAINIUM_CLUSTER_ENV:-/etc/trainium-cluster/cluster.env}"
+STATE_DIR="${TRAINIUM_STATE_DIR:-/var/lib/trainium-cluster}"
+LOG_DIR="${TRAINIUM_LOG_DIR:-/var/log/trainium-cluster}"
+READY_MARKER="$STATE_DIR/ready"
+SCRIPT_NAME="$(basename "${0%.sh}")"
+
+JOB_ID_PATTERN='^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'
+IPV4_PATTERN='^[0-9]{1,3}(\.[0-9]{1,3}){3}$'
+
+# Prints the comment block at the top of the running script (its usage text).
+usage() {
+  awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"
+}
+
+log() {
+  printf '[%s %s] %s\n' "$SCRIPT_NAME" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2
+}
+
+die() {
+  log "error: $*"
+  exit 1
+}
+
+# Reports the command and line that failed; installed by every script with
+#   trap 'on_err $LINENO "$BASH_COMMAND"' ERR
+on_err() {
+  local status=$?
+  log "error: '$2' failed with status $status at $(basename "${BASH_SOURCE[1]:-$0}") line $1${CURRENT_PHASE:+ (phase $CURRENT_PHASE)}"
+  exit "$status"
+}
+
+# Runs one named phase and logs its duration: phase <name> <command> [args...]
+# A failure inside the phase stops the script (set -e) and on_err names the phase.
+CURRENT_PHASE=""
+phase() {
+  local name=$1 start
+  shift
+  start=$(date +%s)
+  CURRENT_PHASE=$name
+  log "phase $name: start"
+  "$@"
+  log "phase $name: done in $(($(date +%s) - start)) s"
+  CURRENT_PHASE=""
+}
+
+# Loads cluster.env (KEY=VALUE lines written by the instance user data) when present.
+load_cluster_env() {
+  if [[ -f $ENV_FILE ]]; then
+    set -a
+    # shellcheck disable=SC1090  # the path is chosen at run time
+    source "$ENV_FILE"
+    set +a
+    return 0
+  fi
+  return 1
+}
+
+validate_job_id() {
+  [[ $1 =~ $JOB_ID_PATTERN ]] ||
+    die "--job-id '$1' is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+}
+
+validate_port() {
+  if [[ ! $2 =~ ^[1-9][0-9]{0,4}$ ]] || (($2 > 65535)); then
+    die "$1 '$2' is not a TCP port: use a number from 1 to 65535"
+  fi
+}
+
+validate_nproc() {
+  [[ $1 == auto || $1 =~ ^[1-9][0-9]{0,2}$ ]] ||
+    die "--nproc-per-node '$1' is not allowed: use 'auto' (one process per NeuronCore) or a number from 1 to 999"
+}
+
+# Splits --hosts into the HOSTS array; rejects empty entries and duplicates.
+parse_hosts() {
+  local raw=$1 host seen=","
+  [[ -n $raw ]] || die "--hosts is required: the comma-separated addresses of all nodes, master first"
+  IFS=',' read -r -a HOSTS <<<"$raw"
+  for host in "${HOSTS[@]}"; do
+    [[ $host =~ $IPV4_PATTERN ]] ||
+      die "--hosts entry '$host' is not an IPv4 address: give the nodes' private addresses, comma separated"
+    [[ $seen != *",$host,"* ]] || die "--hosts lists $host twice: every node must appear once"
+    seen+="$host,"
+  done
+}
+
+# IPv4 addresses configured on this machine (or network namespace), one per line.
+local_addresses() {
+  if command -v ip >/dev/null 2>&1; then
+    ip -o -4 addr show | awk '{split($4, a, "/"); print a[1]}'
+  else
+    hostname -I | tr ' ' '\n' | sed '/^$/d'
+  fi
+}
+
+# Sets NODE_RANK and NODE_ADDRESS from HOSTS: the index of this node's own address,
+# or of the explicit override in $1.
+find_node_rank() {
+  local override=${1:-} addresses i matches=()
+  if [[ -n $override ]]; then
+    for i in "${!HOSTS[@]}"; do
+      if [[ ${HOSTS[i]} == "$override" ]]; then
+        NODE_RANK=$i NODE_ADDRESS=$override
+        return 0
+      fi
+    done
+    die "--node-address $override is not in --hosts ${HOSTS[*]}"
+  fi
+  addresses=$(local_addresses)
+  for i in "${!HOSTS[@]}"; do
+    if grep -qxF "${HOSTS[i]}" <<<"$addresses"; then
+      matches+=("$i")
+    fi
+  done
+  if ((${#matches[@]} == 0)); then
+    die "none of --hosts (${HOSTS[*]}) is an address of this node ($(echo "$addresses" | paste -sd, -)); pass --node-address"
+  fi
+  if ((${#matches[@]} > 1)); then
+    die "several --hosts entries are addresses of this node; pass --node-address to choose one"
+  fi
+  NODE_RANK=${matches[0]}
+  NODE_ADDRESS=${HOSTS[NODE_RANK]}
+}
+
+# Network interface that carries an address of this node ("lo" for other loopback
+# addresses, which Linux answers on lo without listing them).
+interface_of() {
+  local dev
+  command -v ip >/dev/null 2>&1 || return 0
+  dev=$(ip -o -4 addr show | awk -v a="$1" '{split($4, p, "/"); if (p[1] == a) {print $2; exit}}')
+  if [[ -z $dev && $1 == 127.* ]]; then
+    dev=lo
+  fi
+  printf '%s' "$dev"
+}
+
+# Total NeuronCores reported by `neuron-ls -j` (0 when there is no Neuron device).
+neuron_core_count() {
+  neuron-ls -j 2>/dev/null | python3 -c '
+import json, sys
+try:
+    devices = json.load(sys.stdin)
+except ValueError:
+    devices = []
+print(sum(int(d.get("nc_count", 0)) for d in devices if isinstance(d, dict)))
+'
+}
+
+# Sets NPROC and ON_TRAINIUM from the requested --nproc-per-node value.
+resolve_nproc() {
+  local requested=$1 cores=0
+  ON_TRAINIUM=0
+  if command -v neuron-ls >/dev/null 2>&1; then
+    cores=$(neuron_core_count)
+    ((cores > 0)) && ON_TRAINIUM=1
+  fi
+  if [[ $requested == auto ]]; then
+    command -v neuron-ls >/dev/null 2>&1 ||
+      die "--nproc-per-node auto needs neuron-ls (a Trainium node); pass a number of processes per node on other machines"
+    ((cores > 0)) || die "neuron-ls found no NeuronCores on this node: is the Neuron driver loaded? (see preflight)"
+    NPROC=$cores
+  else
+    NPROC=$requested
+    if ((ON_TRAINIUM && NPROC > cores)); then
+      die "--nproc-per-node $NPROC exceeds the $cores NeuronCores of this node"
+    fi
+  fi
+}
+
+# Exports the environment of a multi-node job: EFA and Neuron runtime settings on
+# Trainium, the rendezvous interface everywhere. Needs HOSTS, NODE_ADDRESS, MASTER_PORT,
+# ON_TRAINIUM.
+export_job_environment() {
+  local iface
+  iface=$(interface_of "$NODE_ADDRESS")
+  if [[ -n $iface ]]; then
+    export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$iface}"
+  fi
+  export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-64}"
+  export PYTHONUNBUFFERED=1
+  if ((ON_TRAINIUM)); then
+    export FI_PROVIDER=efa FI_EFA_USE_DEVICE_RDMA=1 FI_EFA_FORK_SAFE=1
+    # The Neuron collectives' root communicator; it needs its own port next to torchrun's.
+    export NEURON_RT_ROOT_COMM_ID="${HOSTS[0]}:$((MASTER_PORT + 1))"
+    export NEURON_RT_STOCHASTIC_ROUNDING_EN="${NEURON_RT_STOCHASTIC_ROUNDING_EN:-1}"
+    # Since Neuron 2.27 --auto-cast defaults to none: cast explicitly. Override the whole
+    # string through the environment or cluster.env.
+    export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type=transformer --auto-cast=all --auto-cast-type=bf16 --optlevel=2}"
+    if [[ -n ${COMPILE_CACHE_URL:-} ]]; then
+      export NEURON_COMPILE_CACHE_URL="${NEURON_COMPILE_CACHE_URL:-$COMPILE_CACHE_URL}"
+    fi
+    if [[ -n $iface ]]; then
+      export CCOM_SOCKET_IFNAME="${CCOM_SOCKET_IFNAME:-$iface}"
+    fi
+  else
+    log "no NeuronCores on this node: EFA and Neuron runtime variables left unset"
+  fi
+}
+
+# Puts torchrun on PATH: the DLAMI's Neuron venv when present, else whatever PATH has.
+activate_python() {
+  if [[ -n ${NEURON_VENV:-} && -f $NEURON_VENV/bin/activate ]]; then
+    set +u
+    # shellcheck disable=SC1091  # the DLAMI's venv exists only on the nodes
+    source "$NEURON_VENV/bin/activate"
+    set -u
+  fi
+  command -v torchrun >/dev/null 2>&1 ||
+    die "torchrun not found: set NEURON_VENV to the Neuron venv or put a Python environment with torch on PATH"
+}
+
+# Fails when this is a configured cluster node whose bootstrap has not finished.
+require_ready() {
+  if [[ -f $ENV_FILE && ! -f $READY_MARKER ]]; then
+    die "this node is not ready: bootstrap has not finished (no $READY_MARKER; see $LOG_DIR/bootstrap.log)"
+  fi
+}
+
+# Process IDs on this machine that belong to a job: launch.sh tags every process it starts
+# with TRAINIUM_JOB_ID (and TRAINIUM_NODE_ADDRESS) in its environment, which survives
+# re-parenting when a launcher dies. job_pids <job-id> [node-address]
+job_pids() {
+  local job=$1 node=${2:-} files pid
+  files=$(grep -lzxF "TRAINIUM_JOB_ID=$job" /proc/[0-9]*/environ 2>/dev/null || true)
+  [[ -n $files ]] || return 0
+  if [[ -n $node ]]; then
+    # shellcheck disable=SC2086  # one file name per word
+    files=$(grep -lzxF "TRAINIUM_NODE_ADDRESS=$node" $files 2>/dev/null || true)
+  fi
+  for pid in $files; do
+    pid=${pid#/proc/}
+    pid=${pid%/environ}
+    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && continue
+    echo "$pid"
+  done
+}
+
+# Sends SIGTERM to a job's processes, waits up to <grace> seconds, then SIGKILLs what is
+# left. stop_job <job-id> <grace-seconds> [node-address]
+stop_job() {
+  local job=$1 grace=$2 node=${3:-} pids waited=0
+  pids=$(job_pids "$job" "$node")
+  if [[ -z $pids ]]; then
+    return 1
+  fi
+  log "sending SIGTERM to $(wc -w <<<"$pids") processes of job $job: $(paste -sd' ' <<<"$pids")"
+  # shellcheck disable=SC2086
+  kill -TERM $pids 2>/dev/null || true
+  while ((waited < grace)); do
+    pids=$(job_pids "$job" "$node")
+    [[ -z $pids ]] && return 0
+    sleep 1
+    waited=$((waited + 1))
+  done
+  pids=$(job_pids "$job" "$node")
+  if [[ -n $pids ]]; then
+    log "sending SIGKILL to processes still running after ${grace} s: $(paste -sd' ' <<<"$pids")"
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+  fi
+  return 0
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Fills the shared Neuron compile cache ahead of a job.
+#
+#   precompile.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500]
+#                 [--nproc-per-node auto|N] [--steps 10] [--node-address ADDR]
+#                 -- <train.py args>
+#
+# Runs the job exactly as launch.sh would, for --steps steps, under neuron_parallel_compile:
+# the trial run only extracts the XLA graphs, then compiles them in parallel into the
+# compile cache (NEURON_COMPILE_CACHE_URL, shared by all nodes), so that the real run of
+# the job finds its graphs compiled. The trial run writes to a node-local scratch directory,
+# never to the job's own output, whose checkpoints it would otherwise spoil.
+set -Eeuo pipefail
+# shellcheck source=scripts/node/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+trap 'on_err $LINENO "$BASH_COMMAND"' ERR
+
+launch_args=() job_id="" steps=10
+while (($#)); do
+  case $1 in
+    --hosts | --master-port | --nproc-per-node | --node-address)
+      (($# >= 2)) || die "$1 needs a value (see --help)"
+      launch_args+=("$1" "$2")
+      shift 2
+      ;;
+    --job-id | --steps)
+      (($# >= 2)) || die "$1 needs a value (see --help)"
+      if [[ $1 == --job-id ]]; then job_id=$2; else steps=$2; fi
+      shift 2
+      ;;
+    -h | --help) usage && exit 0 ;;
+    --) shift && break ;;
+    *) die "unknown option '$1': options come first, then -- and the train.py arguments (see --help)" ;;
+  esac
+done
+
+[[ -n $job_id ]] || die "--job-id is required"
+validate_job_id "$job_id"
+[[ $steps =~ ^[1-9][0-9]{0,3}$ ]] || die "--steps '$steps' is not allowed: use a number of steps from 1 to 9999"
+command -v neuron_parallel_compile >/dev/null 2>&1 ||
+  die "neuron_parallel_compile not found: precompiling needs the Neuron SDK (a Trainium node with the Neuron venv on PATH)"
+
+scratch="${TRAINIUM_PRECOMPILE_DIR:-/var/tmp/trainium-cluster/precompile}"
+rm -rf "${scratch:?}/$job_id"
+mkdir -p "$scratch"
+log "precompiling job $job_id: $steps steps under neuron_parallel_compile, scratch output $scratch/$job_id"
+status=0
+bash "$NODE_DIR/launch.sh" "${launch_args[@]}" --job-id "$job_id" --jobs-root "$scratch" \
+  --wrap neuron_parallel_compile -- "$@" --max-steps "$steps" || status=$?
+rm -rf "${scratch:?}/$job_id/checkpoints"
+if ((status != 0)); then
+  die "precompiling job $job_id failed with status $status (log: $scratch/$job_id/logs)"
+fi
+log "precompiled job $job_id: its graphs are in the compile cache ${NEURON_COMPILE_CACHE_URL:-${COMPILE_CACHE_URL:-(local default)}}"

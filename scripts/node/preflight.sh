@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# Checks that this node is fit for a long multi-node job, then proves that all nodes can
+# run a collective together.
+#
+#   preflight.sh --hosts IP1,IP2,... [--port 29600] [--nproc-per-node auto|N]
+#                [--jobs-root /fsx/jobs] [--node-address ADDR] [--min-free-gb 50]
+#                [--wait-ready 900]
+#
+# Local checks: bootstrap finished (waits up to --wait-ready seconds), Neuron devices and
+# driver healthy and idle, no Neuron hardware errors in the kernel log, EFA provider present
+# (multi-node), FSx mounted and the jobs root writable, enough free disk. Then every node
+# runs collective_check.py under torchrun with the training environment (an all-reduce
+# over all NeuronCores of all nodes: Neuron collectives over EFA on Trainium, gloo
+# elsewhere), plus nccom-test where the Neuron tools are installed. Prints one PASS/FAIL
+# line per check; exits 1 when any fails, 3 when the node has a hardware fault and should
+# be replaced.
+set -Eeuo pipefail
+# shellcheck source=scripts/node/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+trap 'on_err $LINENO "$BASH_COMMAND"' ERR
+
+load_cluster_env || true
+
+hosts_arg="" port=29600 nproc_arg="" node_address_arg="" min_free_gb=50 wait_ready=900
+jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
+while (($#)); do
+  case $1 in
+    --hosts | --port | --nproc-per-node | --jobs-root | --node-address | --min-free-gb | --wait-ready)
+      (($# >= 2)) || die "$1 needs a value (see --help)"
+      case $1 in
+        --hosts) hosts_arg=$2 ;;
+        --port) port=$2 ;;
+        --nproc-per-node) nproc_arg=$2 ;;
+        --jobs-root) jobs_root=$2 ;;
+        --node-address) node_address_arg=$2 ;;
+        --min-free-gb) min_free_gb=$2 ;;
+        --wait-ready) wait_ready=$2 ;;
+      esac
+      shift 2
+      ;;
+    -h | --help) usage && exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+validate_port --port "$port"
+((port < 65535)) || die "--port $port leaves no port for the Neuron root communicator (port + 1): use at most 65534"
+[[ $min_free_gb =~ ^[0-9]+$ ]] || die "--min-free-gb '$min_free_gb' is not a whole number of GiB"
+[[ $wait_ready =~ ^[0-9]+$ ]] || die "--wait-ready '$wait_ready' is not a number of seconds"
+parse_hosts "$hosts_arg"
+find_node_rank "$node_address_arg"
+
+failures=() replace_node=0
+pass() { log "PASS $1: $2"; }
+fail() {
+  log "FAIL $1: $2"
+  failures+=("$1")
+}
+
+# The instance type says whether this node must have Neuron devices and EFA.
+expect_trainium=0
+[[ ${INSTANCE_TYPE:-} == trn* ]] && expect_trainium=1
+
+check_ready() {
+  local waited=0
+  if [[ ! -f $ENV_FILE ]]; then
+    pass ready "no $ENV_FILE: not a cluster node, nothing to wait for"
+    return
+  fi
+  while [[ ! -f $READY_MARKER ]] && ((waited < wait_ready)); do
+    sleep 10
+    waited=$((waited + 10))
+  done
+  if [[ -f $READY_MARKER ]]; then
+    pass ready "bootstrap finished ($(head -n 1 "$READY_MARKER"))"
+  else
+    fail ready "bootstrap has not finished after ${wait_ready} s (no $READY_MARKER; see $LOG_DIR/bootstrap.log)"
+  fi
+}
+
+check_neuron() {
+  local json devices cores busy
+  if ! command -v neuron-ls >/dev/null 2>&1; then
+    if ((expect_trainium)); then
+      fail neuron "neuron-ls not found on a ${INSTANCE_TYPE} node: the Neuron tools are missing"
+    else
+      pass neuron "no Neuron tools and INSTANCE_TYPE '${INSTANCE_TYPE:-unset}' needs none"
+    fi
+    return
+  fi
+  if ! lsmod 2>/dev/null | grep -q '^neuron '; then
+    fail neuron-driver "the neuron kernel module is not loaded (modprobe neuron; check the aws-neuronx-dkms package)"
+  else
+    pass neuron-driver "neuron module loaded (version $(cat /sys/module/neuron/version 2>/dev/null || echo unknown))"
+  fi
+  if ! json=$(neuron-ls -j 2>&1); then
+    fail neuron "neuron-ls failed: $(head -n 3 <<<"$json" | paste -sd' ' -)"
+    return
+  fi
+  read -r devices cores busy < <(python3 -c '
+import json, sys
+devices = json.loads(sys.argv[1] or "[]")
+cores = sum(int(d.get("nc_count", 0)) for d in devices)
+busy = sorted({str(p.get("pid", "?")) for d in devices for p in d.get("neuron_processes") or []})
+print(len(devices), cores, ",".join(busy) or "-")
+' "$json")
+  if ((devices == 0 || cores == 0)); then
+    fail neuron "neuron-ls lists $devices devices with $cores NeuronCores"
+  elif [[ $busy != - ]]; then
+    fail neuron "NeuronCores are in use by processes $busy (a job still running? stop it with StopTraining)"
+  else
+    pass neuron "$devices Neuron devices, $cores NeuronCores, all idle"
+  fi
+  if dmesg 2>/dev/null | grep -q 'NEURON_HW_ERR'; then
+    fail neuron-hardware "kernel log reports NEURON_HW_ERR: $(dmesg | grep 'NEURON_HW_ERR' | tail -n 1)"
+    replace_node=1
+  else
+    pass neuron-hardware "no NEURON_HW_ERR in the kernel log"
+  fi
+}
+
+check_efa() {
+  local providers
+  if ((${#HOSTS[@]} == 1)); then
+    pass efa "single node: EFA not needed"
+    return
+  fi
+  if ! command -v fi_info >/dev/null 2>&1; then
+    if ((expect_trainium)); then
+      fail efa "fi_info not found: the EFA software (libfabric) is not installed"
+    else
+      pass efa "no libfabric and INSTANCE_TYPE '${INSTANCE_TYPE:-unset}' needs none (TCP)"
+    fi
+    return
+  fi
+  if providers=$(fi_info -p efa -t FI_EP_RDM 2>&1) && grep -q 'provider: efa' <<<"$providers"; then
+    pass efa "libfabric EFA provider present ($(grep -c 'domain:' <<<"$providers") RDM domains)"
+  else
+    fail efa "fi_info -p efa found no EFA provider: check the EFA interfaces and the efa driver"
+  fi
+}
+
+check_storage() {
+  local probe free_kb mount
+  if [[ -n ${FSX_DNS_NAME:-} ]]; then
+    mount=${FSX_MOUNT_POINT:-/fsx}
+    if mountpoint -q "$mount"; then
+      pass fsx "$mount is mounted"
+    else
+      fail fsx "$mount is not mounted (FSx for Lustre $FSX_DNS_NAME)"
+    fi
+  fi
+  probe="$jobs_root/.preflight-$NODE_ADDRESS-$$"
+  if mkdir -p "$jobs_root" 2>/dev/null && echo ok >"$probe" 2>/dev/null && [[ $(cat "$probe") == ok ]]; then
+    rm -f "$probe"
+    pass jobs-root "$jobs_root is writable"
+  else
+    rm -f "$probe" 2>/dev/null || true
+    fail jobs-root "cannot write to $jobs_root"
+  fi
+  for path in / /tmp; do
+    free_kb=$(df -Pk "$path" | awk 'NR == 2 {print $4}')
+    if ((free_kb / 1048576 >= min_free_gb)); then
+      pass disk "$path has $((free_kb / 1048576)) GiB free"
+    else
+      fail disk "$path has $((free_kb / 1048576)) GiB free, less than --min-free-gb $min_free_gb"
+    fi
+  done
+}
+
+check_nccom() {
+  local cores output
+  command -v nccom-test >/dev/null 2>&1 && ((ON_TRAINIUM)) || return 0
+  cores=$(neuron_core_count)
+  # A small all-reduce over this node's NeuronCores, with result checking.
+  if output=$(nccom-test -r "$cores" -b 8 -e 1MB -f 8 -n 5 -w 2 -d fp32 --check allr 2>&1); then
+    pass nccom-local "$(grep -i 'avg bus bandwidth' <<<"$output" || echo "all-reduce over $cores NeuronCores")"
+  else
+    fail nccom-local "nccom-test all-reduce over $cores NeuronCores failed: $(tail -n 2 <<<"$output" | paste -sd' ' -)"
+  fi
+}
+
+# nccom-test starts its remote ranks over SSH, so the multi-node run needs passwordless SSH
+# from the first node to the others; without it the torchrun check below covers the nodes.
+check_nccom_multinode() {
+  local cores output peer
+  command -v nccom-test >/dev/null 2>&1 && ((ON_TRAINIUM && NODE_RANK == 0 && ${#HOSTS[@]} > 1)) || return 0
+  for peer in "${HOSTS[@]:1}"; do
+    if ! ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new "$peer" true >/dev/null 2>&1; then
+      log "skip nccom-multinode: no passwordless SSH to $peer (the torchrun collective check covers the nodes)"
+      return 0
+    fi
+  done
+  cores=$(neuron_core_count)
+  if output=$(NEURON_RT_ROOT_COMM_ID="${HOSTS[0]}:$((port + 1))" nccom-test -r $((cores * ${#HOSTS[@]})) \
+    -N "${#HOSTS[@]}" -b 8 -e 64MB -f 8 -n 5 -w 2 -d fp32 allr --hosts "${HOSTS[@]}" 2>&1); then
+    pass nccom-multinode "$(grep -i 'avg bus bandwidth' <<<"$output" || echo "all-reduce over ${#HOSTS[@]} nodes")"
+  else
+    fail nccom-multinode "nccom-test across ${#HOSTS[@]} nodes failed: $(tail -n 2 <<<"$output" | paste -sd' ' -)"
+  fi
+}
+
+check_collective() {
+  local output status=0
+  if ! activate_python 2>/dev/null; then
+    fail collective "torchrun not found (NEURON_VENV=${NEURON_VENV:-unset})"
+    return
+  fi
+  output=$(
+    cd "$NODE_DIR"
+    TRAINIUM_JOB_ID="preflight" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" \
+      torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK" --master_addr "${HOSTS[0]}" \
+      --master_port "$port" --nproc_per_node "$NPROC" collective_check.py --size-mb 16 2>&1
+  ) || status=$?
+  if ((status == 0)); then
+    pass collective "all-reduce across ${#HOSTS[@]} nodes x $NPROC processes: $(grep '"event": "collective"' <<<"$output" || echo ok)"
+  else
+    fail collective "all-reduce across ${#HOSTS[@]} nodes failed (status $status): $(tail -n 5 <<<"$output" | paste -sd' ' -)"
+  fi
+}
+
+log "preflight on node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS)"
+check_ready
+check_neuron
+if [[ -z $nproc_arg ]]; then
+  if command -v neuron-ls >/dev/null 2>&1; then nproc_arg=auto; else nproc_arg=1; fi
+fi
+validate_nproc "$nproc_arg"
+if ((${#failures[@]} == 0)); then
+  resolve_nproc "$nproc_arg"
+else
+  ON_TRAINIUM=0 NPROC=1
+fi
+check_efa
+check_storage
+check_nccom
+# shellcheck disable=SC2034  # read by export_job_environment
+MASTER_PORT=$port
+export_job_environment
+# Every node joins the collective even after a local failure, so that the others do not
+# wait for it until their rendezvous times out.
+check_collective
+check_nccom_multinode
+
+if ((${#failures[@]})); then
+  log "preflight FAILED on $NODE_ADDRESS: ${failures[*]}"
+  if ((replace_node)); then
+    log "replace this node: it reports a Neuron hardware error"
+    exit 3
+  fi
+  exit 1
+fi
+log "preflight passed on $NODE_ADDRESS"
