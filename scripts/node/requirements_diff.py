@@ -22,7 +22,9 @@ from importlib import metadata
 from pathlib import Path
 
 PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:==\s*([^\s;#]+))?")
-DEFAULT_KEEP = "torch,torch-xla,torch-neuronx,neuronx-cc,libneuronxla,torchvision,neuronx-distributed"
+DEFAULT_KEEP = (
+    "torch,torch-xla,torch-neuronx,neuronx-cc,libneuronxla,torchvision,neuronx-distributed"
+)
 
 
 def canonical(name: str) -> str:
@@ -45,8 +47,8 @@ def installed_versions() -> dict[str, str]:
 
 def parse_requirements(text: str) -> list[tuple[str, str | None]]:
     pins = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
         if not line or line.startswith("-"):
             continue
         match = PIN.match(line)
@@ -70,7 +72,9 @@ def plan(
             else:
                 constraints.append(f"{name}=={have}")
                 if not satisfied:
-                    warnings.append(f"{name} {have} is installed, {version} is pinned: keeping {have}")
+                    warnings.append(
+                        f"{name} {have} is installed, {version} is pinned: keeping {have}"
+                    )
             continue
         if not satisfied:
             install.append(f"{name}=={version}" if version else name)
@@ -80,7 +84,9 @@ def plan(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="List pinned requirements not yet installed.")
     parser.add_argument("requirements", type=Path)
-    parser.add_argument("--keep", default=DEFAULT_KEEP, help="comma-separated names never installed")
+    parser.add_argument(
+        "--keep", default=DEFAULT_KEEP, help="comma-separated names never installed"
+    )
     parser.add_argument("--constraints", type=Path, help="write the kept packages' versions here")
     args = parser.parse_args(argv)
     if not args.requirements.is_file():

@@ -1,0 +1,87 @@
+"""The SSM Command documents in stacks/ssm_documents/, as the CLI sees them.
+
+The operations stack deploys these files; the CLI reads the same files to check parameter
+values against each document's allowedPattern before sending anything, so a bad value gets
+a one-line error here instead of an SSM InvalidParameters response.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scripts.cluster_lib import REPO_ROOT, ClusterError
+
+DOCUMENTS_DIR = REPO_ROOT / "stacks" / "ssm_documents"
+DOCUMENT_NAMES = ("RunTraining", "Preflight", "Precompile", "StopTraining")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    description: str
+    allowed_pattern: str
+    default: str | None
+
+    def check(self, value: str, label: str) -> None:
+        """Raises ClusterError unless value matches the parameter's allowedPattern."""
+        if "\n" in value or "\r" in value or not re.fullmatch(self.allowed_pattern, value):
+            raise ClusterError(f"{label} {value!r} is not allowed: {self.description}")
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    path: Path
+    content: dict[str, Any]
+    parameters: dict[str, Parameter]
+
+    @property
+    def run_command(self) -> list[str]:
+        commands: list[str] = self.content["mainSteps"][0]["inputs"]["runCommand"]
+        return commands
+
+    @property
+    def step_name(self) -> str:
+        name: str = self.content["mainSteps"][0]["name"]
+        return name
+
+    def check(self, values: dict[str, str], labels: dict[str, str] | None = None) -> None:
+        labels = labels or {}
+        unknown = set(values) - set(self.parameters)
+        if unknown:
+            raise ClusterError(f"{self.name} has no parameter {', '.join(sorted(unknown))}")
+        for name, value in values.items():
+            self.parameters[name].check(value, labels.get(name, name))
+
+
+@cache
+def load(name: str) -> Document:
+    path = DOCUMENTS_DIR / f"{name}.yaml"
+    content = yaml.safe_load(path.read_text())
+    parameters = {
+        key: Parameter(
+            name=key,
+            description=" ".join(str(spec.get("description", "")).split()),
+            allowed_pattern=spec["allowedPattern"],
+            default=spec.get("default"),
+        )
+        for key, spec in content.get("parameters", {}).items()
+    }
+    return Document(name=name, path=path, content=content, parameters=parameters)
+
+
+def join_train_args(args: list[str]) -> str:
+    """Joins train.py arguments into the TrainArgs parameter (one space-separated string)."""
+    for arg in args:
+        if not arg or any(ch.isspace() for ch in arg):
+            raise ClusterError(
+                f"train argument {arg!r} is empty or contains whitespace: SSM passes the "
+                "arguments as one space-separated string"
+            )
+    return " ".join(args)
