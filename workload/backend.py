@@ -1,0 +1,460 @@
+"""Device selection and distributed setup: one ``Backend`` object for xla, cuda and cpu.
+
+Everything device-specific in the trainer goes through this object, so the training loop
+reads the same on a laptop (cpu, gloo), a GPU box (cuda, NCCL) and a Trainium node
+(xla through torch-neuronx / torch-xla 2.9).
+
+torch-xla is imported lazily, only when the xla backend is chosen, and only through its
+current API: ``torch_xla.device()``, ``torch_xla.sync()``, ``torch_xla.runtime`` and the
+``xla://`` init method (no ``xm.xla_device``, ``xm.mark_step``, ``xm.xrt_world_size``,
+``xm.get_ordinal`` or ``XLA_USE_BF16``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.util
+import logging
+import os
+import random
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+log = logging.getLogger(__name__)
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "xla")
+PRECISION_CHOICES = ("auto", "bf16", "fp32")
+
+#: Environment variables that decide how the Neuron compiler and runtime treat the job; the
+#: launcher sets them and the trainer logs what is in force.
+NEURON_ENV_VARS = (
+    "NEURON_CC_FLAGS",
+    "NEURON_RT_STOCHASTIC_ROUNDING_EN",
+    "NEURON_COMPILE_CACHE_URL",
+    "NEURON_EXTRACT_GRAPHS_ONLY",
+    "NEURON_RT_ROOT_COMM_ID",
+    "NEURON_RT_VISIBLE_CORES",
+    "FI_PROVIDER",
+    "FI_EFA_USE_DEVICE_RDMA",
+    "XLA_IR_DEBUG",
+)
+
+
+class BackendError(RuntimeError):
+    """A device or distributed-setup problem, reported to the user in one line."""
+
+
+def graphs_only() -> bool:
+    """True under ``neuron_parallel_compile``: graphs are traced and compiled, not executed.
+
+    Tensor values are meaningless in that mode, so the trainer skips anything that depends
+    on them (checkpoints, reported metrics).
+    """
+    return os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY", "").strip() not in ("", "0")
+
+
+def neuron_environment() -> dict[str, str]:
+    """The Neuron/EFA settings in force (only those that are set)."""
+    return {name: os.environ[name] for name in NEURON_ENV_VARS if name in os.environ}
+
+
+def _neuron_present() -> bool:
+    return Path("/dev/neuron0").exists() or importlib.util.find_spec("torch_neuronx") is not None
+
+
+def _torch_xla_installed() -> bool:
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def resolve_device_kind(requested: str) -> str:
+    """Turn ``--device`` into one of cpu, cuda, xla; ``auto`` picks the best present."""
+    if requested not in DEVICE_CHOICES:
+        raise BackendError(f"--device {requested!r} is not one of {', '.join(DEVICE_CHOICES)}")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise BackendError("--device cuda: no CUDA device is visible to this process")
+    if requested == "xla" and not _torch_xla_installed():
+        raise BackendError("--device xla: torch-xla is not installed in this Python environment")
+    if requested != "auto":
+        return requested
+    # XLA only when it is clearly wanted: a Neuron device, or PJRT_DEVICE set by the user.
+    # A laptop that merely has torch-xla installed still trains eagerly.
+    if _torch_xla_installed() and (os.environ.get("PJRT_DEVICE") or _neuron_present()):
+        return "xla"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+@dataclass
+class Backend:
+    """The device, the process's place in the job, and the device-specific operations."""
+
+    kind: str  # "xla", "cuda" or "cpu"
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    #: dtype for ``torch.autocast`` (bf16) or None for full fp32.
+    autocast_dtype: torch.dtype | None = None
+    #: Under xla: the PJRT device type ("NEURON", "CPU", "CUDA", "TPU").
+    xla_device_type: str | None = None
+    #: A gloo group for host-side coordination (barriers, small Python objects), so that
+    #: bookkeeping never puts a collective (and a compilation) into the device graph.
+    control_group: Any = None
+    owns_process_group: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.autocast_dtype == torch.bfloat16 else "fp32"
+
+    @property
+    def description(self) -> str:
+        if self.kind == "xla":
+            return f"xla:{self.xla_device_type}"
+        if self.kind == "cuda":
+            return f"cuda:{torch.cuda.get_device_name(self.device)}"
+        return "cpu"
+
+    # -- graph and timing ------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Cut and launch the pending XLA graph (``torch_xla.sync()``); no-op elsewhere."""
+        if self.kind == "xla":
+            import torch_xla
+
+            torch_xla.sync()
+
+    def wait(self) -> None:
+        """Block until queued device work is done (for honest wall-clock timing)."""
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+
+            xm.wait_device_ops()
+        elif self.kind == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def compile_count(self) -> int | None:
+        """Graph compilations so far in this process (xla), else None."""
+        if self.kind != "xla":
+            return None
+        import torch_xla.debug.metrics as met
+
+        return int(met.counter_value("UncachedCompile") or 0)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Mixed precision for forward passes: bf16 autocast where chosen, else nothing."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.kind, dtype=self.autocast_dtype)
+
+    # -- model, gradients, data ------------------------------------------------------------
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Move to the device; wrap in DDP for multi-process cuda/cpu (xla all-reduces in
+        ``optimizer_step`` instead)."""
+        model = model.to(self.device)
+        if self.kind != "xla" and self.world_size > 1:
+            device_ids = [self.device.index] if self.kind == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=device_ids)
+        return model
+
+    @staticmethod
+    def unwrap(model: nn.Module) -> nn.Module:
+        """The bare model under a DDP wrapper."""
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        parameters: Iterable[torch.Tensor],
+        max_grad_norm: float,
+    ) -> None:
+        """All-reduce gradients (xla), clip them to ``max_grad_norm`` (0 = off), step.
+
+        Under xla this is ``xm.optimizer_step``; with clipping it is the same two halves
+        (``xm.reduce_gradients`` then ``optimizer.step()``) with the clip in between, so
+        that the norm is taken over the all-reduced gradients. DDP has already all-reduced
+        during backward on cuda/cpu.
+        """
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+
+            if max_grad_norm > 0:
+                xm.reduce_gradients(optimizer)
+                torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+                optimizer.step()
+            else:
+                xm.optimizer_step(optimizer)
+            return
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+        optimizer.step()
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a device tensor over all ranks (returns the reduced tensor)."""
+        if self.world_size == 1:
+            return tensor
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+
+            reduced = xm.all_reduce(xm.REDUCE_SUM, tensor)
+            assert isinstance(reduced, torch.Tensor)
+            return reduced
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def device_loader(
+        self, loader: Iterable[Mapping[str, torch.Tensor]]
+    ) -> Iterable[Mapping[str, torch.Tensor]]:
+        """Batches on the device: ``MpDeviceLoader`` under xla (background host-to-device
+        transfer overlapped with tracing), a plain move elsewhere."""
+        if self.kind == "xla":
+            from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+            return MpDeviceLoader(loader, self.device)
+        return _ToDevice(loader, self.device)
+
+    # -- host-side coordination ------------------------------------------------------------
+
+    def barrier(self) -> None:
+        if self.control_group is not None:
+            dist.barrier(group=self.control_group)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if self.control_group is None:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj, group=self.control_group)
+        return gathered
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.control_group is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.control_group)
+        return box[0]
+
+    # -- randomness ------------------------------------------------------------------------
+
+    def seed(self, seed: int) -> None:
+        """Seed every generator this process uses (host, CUDA, XLA device)."""
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        if self.kind == "xla":
+            import torch_xla
+
+            torch_xla.manual_seed(seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        """This process's generator states, as plain Python objects and CPU tensors."""
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state: dict[str, Any] = {
+            "python": random.getstate(),
+            "numpy": {
+                "kind": str(kind),
+                "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
+            "torch": torch.get_rng_state(),
+        }
+        if self.kind == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+
+            state["xla"] = int(xm.get_rng_state(str(self.device)))
+        return state
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``rng_state`` returned (missing device entries are left alone)."""
+        random.setstate(_as_tuple(state["python"]))
+        np_state = state["numpy"]
+        np.random.set_state(
+            (
+                np_state["kind"],
+                np_state["keys"].numpy().astype(np.uint32),
+                np_state["pos"],
+                np_state["has_gauss"],
+                np_state["cached_gaussian"],
+            )
+        )
+        torch.set_rng_state(state["torch"])
+        if self.kind == "cuda" and "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+        if self.kind == "xla" and "xla" in state:
+            import torch_xla.core.xla_model as xm
+
+            xm.set_rng_state(int(state["xla"]), str(self.device))
+
+    def close(self) -> None:
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _as_tuple(value: Any) -> Any:
+    """``random.setstate`` wants nested tuples; a checkpoint round trip may give lists."""
+    if isinstance(value, list | tuple):
+        return tuple(_as_tuple(v) for v in value)
+    return value
+
+
+class _ToDevice:
+    """Move each batch to the device (pinned, non-blocking copies on cuda)."""
+
+    def __init__(self, loader: Iterable[Mapping[str, torch.Tensor]], device: torch.device):
+        self.loader = loader
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Mapping[str, torch.Tensor]]:
+        non_blocking = self.device.type == "cuda"
+        for batch in self.loader:
+            yield {k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()}
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def _resolve_precision(
+    precision: str, kind: str, xla_device_type: str | None
+) -> torch.dtype | None:
+    if precision not in PRECISION_CHOICES:
+        raise BackendError(
+            f"--precision {precision!r} is not one of {', '.join(PRECISION_CHOICES)}"
+        )
+    if precision == "fp32":
+        return None
+    cuda_bf16 = kind == "cuda" and torch.cuda.is_bf16_supported()
+    if precision == "bf16":
+        if kind == "cuda" and not cuda_bf16:
+            raise BackendError("--precision bf16: this CUDA device does not support bf16")
+        return torch.bfloat16
+    # auto: bf16 on accelerators that have fast bf16 units; fp32 on CPUs (eager or XLA).
+    if cuda_bf16 or (kind == "xla" and xla_device_type in ("NEURON", "TPU", "CUDA")):
+        return torch.bfloat16
+    return None
+
+
+def setup_backend(
+    device: str = "auto",
+    precision: str = "auto",
+    timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+) -> Backend:
+    """Pick the device, join the process group when started by torchrun, return a Backend.
+
+    Rank, local rank and world size come from torchrun's environment (RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE); without it the job is a single process.
+    """
+    kind = resolve_device_kind(device)
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    env_world = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1)
+
+    if kind == "xla":
+        return _setup_xla(precision, launched, env_world, local_world, timeout)
+
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        torch_device = torch.device("cuda", local_rank)
+    else:
+        torch_device = torch.device("cpu")
+    backend = Backend(
+        kind=kind,
+        device=torch_device,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        autocast_dtype=_resolve_precision(precision, kind, None),
+    )
+    if launched:
+        dist.init_process_group(
+            "nccl" if kind == "cuda" else "gloo",
+            timeout=timeout,
+            device_id=torch_device if kind == "cuda" else None,
+        )
+        backend.owns_process_group = True
+        backend.rank = dist.get_rank()
+        backend.world_size = dist.get_world_size()
+        if backend.world_size > 1:
+            backend.control_group = (
+                dist.new_group(backend="gloo", timeout=timeout)
+                if kind == "cuda"
+                else dist.group.WORLD
+            )
+    return backend
+
+
+def _setup_xla(
+    precision: str,
+    launched: bool,
+    env_world: int,
+    local_world: int,
+    timeout: datetime.timedelta,
+) -> Backend:
+    import torch_xla
+    import torch_xla.distributed.xla_backend  # registers the "xla" process-group backend
+    import torch_xla.runtime as xr
+
+    owns = False
+    if launched:
+        dist.init_process_group("xla", init_method="xla://", timeout=timeout)
+        owns = True
+    world = xr.world_size()
+    if launched and world != env_world:
+        device_type = xr.device_type()
+        if owns:
+            dist.destroy_process_group()
+        raise BackendError(
+            f"torchrun started {env_world} processes but the XLA runtime "
+            f"(PJRT_DEVICE={device_type}) sees a world of {world}: torch-xla's "
+            f"{device_type} client cannot run collectives across processes; "
+            "start one process (--nproc_per_node=1) for XLA on CPU"
+        )
+    backend = Backend(
+        kind="xla",
+        device=torch_xla.device(),
+        rank=xr.global_ordinal(),
+        world_size=world,
+        local_rank=xr.local_ordinal(),
+        local_world_size=local_world,
+        xla_device_type=xr.device_type(),
+        owns_process_group=owns,
+    )
+    backend.autocast_dtype = _resolve_precision(precision, "xla", backend.xla_device_type)
+    if launched and world > 1:
+        backend.control_group = dist.new_group(backend="gloo", timeout=timeout)
+    if backend.xla_device_type == "NEURON":
+        flags = os.environ.get("NEURON_CC_FLAGS", "")
+        if "--auto-cast" not in flags:
+            log.warning(
+                "NEURON_CC_FLAGS has no explicit --auto-cast (Neuron 2.27+ defaults to none); "
+                "set it in the launcher"
+            )
+    return backend

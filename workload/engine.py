@@ -1,0 +1,298 @@
+"""The training step, evaluation, and the FLOP/MFU arithmetic.
+
+This module is the one place the per-step work is defined: ``train.py`` runs it in its
+loop and ``bench.py`` times it, so a benchmark measures exactly the step the trainer runs.
+
+Usage (both scripts)::
+
+    backend = setup_backend("auto")
+    model = backend.prepare_model(model)                # DDP on cuda/cpu, plain on xla
+    optimizer = build_optimizer(model, lr=5e-5, weight_decay=0.01)
+    scheduler = build_scheduler(optimizer, warmup_steps=100, total_steps=10_000)
+    step = TrainStep(model, optimizer, scheduler, backend, max_grad_norm=1.0)
+    for batch in backend.device_loader(loader):         # dict of device tensors
+        loss = step(batch)                              # detached device tensor
+    mean_loss = step.pop_mean_loss()                    # one host transfer per log line
+
+A step is: forward (under bf16 autocast where the backend uses it), backward,
+``torch_xla.sync()`` (xla), gradient all-reduce + clipping + optimizer step
+(``Backend.optimizer_step``), scheduler step, ``torch_xla.sync()`` (xla). Nothing in it
+moves a value to the host, so on XLA the step never waits for the device, and every step
+traces the same two graphs: after the first steps there is nothing new to compile.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .backend import Backend
+
+#: Keys of a batch that are passed to the model; other keys (``weight``: 1 for a real
+#: example, 0 for padding in the last evaluation batch) are for the metrics only.
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+
+TASKS = ("classification", "causal-lm")
+
+
+def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The subset of ``batch`` that the model's forward takes."""
+    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with no weight decay on biases and LayerNorm weights (the BERT recipe)."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "ln_" in name else decay).append(
+            param
+        )
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, foreach=True)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up then linear decay, never exactly 0 on a step that trains.
+
+    ``step`` counts finished optimizer steps. The first step uses ``1/(warmup+1)`` and
+    the last ``1/(total-warmup)`` rather than 0: under XLA a scalar of exactly 0 or 1 is
+    traced as a constant, so an lr of 0 would compile a graph of its own.
+    """
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    remaining = total_steps - step
+    return max(remaining, 1) / max(total_steps - warmup_steps, 1)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The schedule of ``lr_factor``; its state (the step count) goes into checkpoints."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps)
+    )
+
+
+class TrainStep:
+    """One optimizer step of data-parallel training; call it with a batch on the device.
+
+    Returns the (detached) loss as a device tensor and adds it to an on-device running sum,
+    read with ``pop_mean_loss`` when a log line is due; nothing else leaves the device.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        backend: Backend,
+        *,
+        max_grad_norm: float = 1.0,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.backend = backend
+        self.max_grad_norm = max_grad_norm
+        self._parameters = [p for p in model.parameters() if p.requires_grad]
+        self._loss_sum = self._zero()
+        self._loss_count = 0
+
+    def _zero(self) -> torch.Tensor:
+        # Made on the host and copied over, so the running sum is always device *data*
+        # (never a traced constant) and every step traces the same graph.
+        return torch.zeros((), dtype=torch.float32).to(self.backend.device)
+
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self.model.train()
+        with self.backend.autocast():
+            outputs = self.model(**model_inputs(batch))
+        loss = outputs.loss
+        loss.backward()
+        loss = loss.detach().float()
+        self._loss_sum = self._loss_sum + loss
+        self._loss_count += 1
+        self.backend.sync()  # graph 1: forward + backward
+        self.backend.optimizer_step(self.optimizer, self._parameters, self.max_grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.backend.sync()  # graph 2: all-reduce + optimizer update
+        return loss
+
+    def pop_mean_loss(self) -> float:
+        """Mean loss of this rank over the steps since the last call (one host transfer)."""
+        if self._loss_count == 0:
+            return math.nan
+        value = float(self._loss_sum.item()) / self._loss_count
+        self._loss_sum = self._zero()
+        self._loss_count = 0
+        return value
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Exact metrics over every example of the split, summed over all ranks."""
+
+    loss: float
+    accuracy: float
+    #: Examples (classification) or predicted tokens (causal-lm) counted.
+    count: int
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    backend: Backend,
+    task: str,
+) -> EvalResult:
+    """Loss and accuracy over all batches of every rank.
+
+    Every batch has the same shape; the padding rows of the last one carry ``weight`` 0,
+    so they count for nothing and no example is lost or counted twice. Sums stay on the
+    device until one all-reduce and one host transfer at the end.
+
+    classification: mean cross-entropy and accuracy over examples.
+    causal-lm: mean next-token cross-entropy and next-token accuracy over real tokens.
+    """
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float32).to(backend.device)
+    for batch in batches:
+        with backend.autocast():
+            inputs = {k: v for k, v in model_inputs(batch).items() if k != "labels"}
+            logits = model(**inputs).logits
+        logits = logits.float()
+        weight = batch["weight"].float()
+        if task == "classification":
+            labels = batch["labels"]
+            losses = F.cross_entropy(logits, labels, reduction="none")
+            correct = (logits.argmax(dim=-1) == labels).float()
+            mask = weight
+        else:
+            labels = batch["labels"][:, 1:]
+            logits = logits[:, :-1]
+            valid = labels != -100
+            safe = labels.clamp(min=0)
+            losses = F.cross_entropy(logits.transpose(1, 2), safe, reduction="none")
+            correct = (logits.argmax(dim=-1) == safe).float()
+            mask = valid.float() * weight[:, None]
+        sums = sums + torch.stack([(losses * mask).sum(), (correct * mask).sum(), mask.sum()])
+        backend.sync()
+    sums = backend.all_reduce_sum(sums)
+    loss_sum, correct_sum, count = sums.cpu().tolist()
+    model.train()
+    if count == 0:
+        return EvalResult(loss=math.nan, accuracy=math.nan, count=0)
+    return EvalResult(loss=loss_sum / count, accuracy=correct_sum / count, count=round(count))
+
+
+# -- FLOPs and MFU ---------------------------------------------------------------------------
+
+#: Dense bf16 peak per device in TFLOP/s: per NeuronCore on Trainium, per GPU otherwise.
+#: (Kept in step with stacks/instance_types.py, which the nodes do not ship.)
+PEAK_TFLOPS_BF16 = {
+    "trn1": 95.0,  # NeuronCore-v2; 190 per Trainium chip
+    "trn2": 166.75,  # logical NeuronCore (LNC=2): 667 per Trainium2 chip / 4
+    "h100": 989.0,  # SXM, dense (not the 2:4 sparsity figure)
+    "h200": 989.0,
+    "a100": 312.0,
+}
+
+
+def _matmul_parameters(model: nn.Module) -> int:
+    """Weights that take part in a matmul per token (Linear / GPT-2 Conv1D), embeddings
+    excluded; a tied LM head counts because it is a matmul over the vocabulary."""
+    total = 0
+    seen: set[int] = set()
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        is_matmul = isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+        if is_matmul and isinstance(weight, torch.Tensor) and weight.ndim == 2:
+            key = id(module)
+            if key not in seen:
+                seen.add(key)
+                total += weight.numel()
+    return total
+
+
+def flops_per_sample(model: nn.Module, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) for one sequence of ``seq_len`` tokens.
+
+    6 FLOPs per matmul weight per token (2 forward, 4 backward), plus attention scores and
+    weighted values: 12 * layers * hidden * seq_len^2 (the PaLM paper's accounting).
+    Padding tokens count: the device computes them.
+    """
+    model = Backend.unwrap(model)
+    config = getattr(model, "config", None)
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    dense = 6.0 * _matmul_parameters(model) * seq_len
+    attention = 12.0 * layers * hidden * seq_len * seq_len
+    return dense + attention
+
+
+def device_name(backend: Backend) -> str | None:
+    """A key of ``PEAK_TFLOPS_BF16`` for this device, or None where it is not known."""
+    if backend.kind == "cuda":
+        name = torch.cuda.get_device_name(backend.device).lower()
+        for key in ("h200", "h100", "a100"):
+            if key in name:
+                return key
+        return None
+    if backend.kind == "xla" and backend.xla_device_type == "NEURON":
+        instance = _instance_type()
+        for key in ("trn2", "trn1"):
+            if instance.startswith(key):
+                return key
+        return "trn1"
+    return None
+
+
+def _instance_type() -> str:
+    value = os.environ.get("INSTANCE_TYPE", "")
+    if not value:
+        # On Nitro instances DMI reports the EC2 instance type.
+        dmi = Path("/sys/devices/virtual/dmi/id/product_name")
+        try:
+            value = dmi.read_text(encoding="utf-8").strip()
+        except OSError:
+            value = ""
+    return value.lower()
+
+
+def peak_flops_per_device(backend: Backend, override_tflops: float | None = None) -> float | None:
+    """Dense bf16 peak FLOP/s of one device, or None (CPU, unknown GPU): then MFU is null."""
+    if override_tflops:
+        return override_tflops * 1e12
+    name = device_name(backend)
+    return PEAK_TFLOPS_BF16[name] * 1e12 if name else None
+
+
+def mfu(
+    samples_per_second: float,
+    flops_per_sample_: float,
+    world_size: int,
+    peak_flops: float | None,
+) -> float | None:
+    """Model FLOPs utilization: achieved model FLOP/s over the job's peak FLOP/s."""
+    if not peak_flops or samples_per_second <= 0:
+        return None
+    return samples_per_second * flops_per_sample_ / (world_size * peak_flops)
