@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stacks.instance_types import (  # noqa: E402
+from stacks.instance_types import (
     INSTANCE_TYPES,
     PRICE_REGION,
     PRICES_AS_OF,
@@ -374,17 +374,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, help="global samples per step")
     p.add_argument("--tokens-per-sample", type=positive, help="e.g. the sequence length")
     p.add_argument("--metrics", type=Path, help="metrics.jsonl of a run on --instance-type")
-    p.add_argument("--seconds", action="append", default=[], metavar="[TYPE=]S",
-                   help="measured training (billable) time; overrides work / throughput")  # fmt: skip
-    p.add_argument("--compile-seconds", action="append", default=[], metavar="[TYPE=]S",
-                   help="graph compile time with a cold cache (Trainium; default 0)")  # fmt: skip
-    p.add_argument("--cache", choices=("cold", "warm"), default="cold",
-                   help="compile cache state for the headline cost (default: %(default)s)")  # fmt: skip
-    p.add_argument("--price", action="append", default=[], metavar="[TYPE=]USD",
-                   help="price per node-hour; required for SageMaker ml.* types")  # fmt: skip
-    p.add_argument("--compare", action="append", default=None, metavar="TYPE[=THROUGHPUT]",
-                   help="instance type to compare with, at the given throughput in --unit "
-                   f"(repeat; default: {', '.join(DEFAULT_COMPARE)}, break-even only)")  # fmt: skip
+    p.add_argument(
+        "--seconds",
+        action="append",
+        default=[],
+        metavar="[TYPE=]S",
+        help="measured training (billable) time; overrides work / throughput",
+    )
+    p.add_argument(
+        "--compile-seconds",
+        action="append",
+        default=[],
+        metavar="[TYPE=]S",
+        help="graph compile time with a cold cache (Trainium; default 0)",
+    )
+    p.add_argument(
+        "--cache",
+        choices=("cold", "warm"),
+        default="cold",
+        help="compile cache state for the headline cost (default: %(default)s)",
+    )
+    p.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar="[TYPE=]USD",
+        help="price per node-hour; required for SageMaker ml.* types",
+    )
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=None,
+        metavar="TYPE[=THROUGHPUT]",
+        help="instance type to compare with, at the given throughput in --unit "
+        f"(repeat; default: {', '.join(DEFAULT_COMPARE)}, break-even only)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
 
@@ -574,17 +598,20 @@ def render(report: Report) -> str:
         for i, e in enumerate(est)
     ]
     out = [
-        f"Prices: on-demand {report.price_region} as of {report.prices_as_of} "
-        "unless overridden",
+        f"Prices: on-demand {report.price_region} as of {report.prices_as_of} unless overridden",
         "",
-        " " * label_w + "  " + "  ".join(e.instance_type.rjust(w) for e, w in zip(est, col_w)),
+        " " * label_w
+        + "  "
+        + "  ".join(e.instance_type.rjust(w) for e, w in zip(est, col_w, strict=True)),
     ]
     for label, values in rows:
         out.append(
-            label.ljust(label_w) + "  " + "  ".join(v.rjust(w) for v, w in zip(values, col_w))
+            label.ljust(label_w)
+            + "  "
+            + "  ".join(v.rjust(w) for v, w in zip(values, col_w, strict=True))
         )
     main = est[0]
-    for cmp, other in zip(report.comparisons, est[1:]):
+    for cmp, other in zip(report.comparisons, est[1:], strict=True):
         parts = []
         if cmp.speedup is not None:
             parts.append(

@@ -47,6 +47,12 @@ def run_text(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return capsys.readouterr().out
 
 
+def table_price(name: str) -> float:
+    price = INSTANCE_TYPES[name].on_demand_usd_per_hour
+    assert price is not None
+    return price
+
+
 def by_type(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["instance_type"]: e for e in report["estimates"]}
 
@@ -86,7 +92,7 @@ def test_time_and_cost_from_dataset_epochs_and_table_price(
     )
     est = by_type(report)
     trn, p4d = est["trn1.32xlarge"], est["p4d.24xlarge"]
-    price = INSTANCE_TYPES["trn1.32xlarge"].on_demand_usd_per_hour
+    price = table_price("trn1.32xlarge")
     assert trn["train_seconds"] == pytest.approx(2000)
     assert trn["instance_hours"] == pytest.approx(2 * 2000 / 3600)
     assert trn["cost_usd"] == pytest.approx(price * 2 * 2000 / 3600)
@@ -102,8 +108,17 @@ def test_time_and_cost_from_dataset_epochs_and_table_price(
 def test_cold_compile_cache_is_billed_and_warm_saving_shown(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = ("--nodes", "4", "--throughput", "100", "--samples", "360000", "--compile-seconds", "1800")
-    price = INSTANCE_TYPES["trn1.32xlarge"].on_demand_usd_per_hour
+    args = (
+        "--nodes",
+        "4",
+        "--throughput",
+        "100",
+        "--samples",
+        "360000",
+        "--compile-seconds",
+        "1800",
+    )
+    price = table_price("trn1.32xlarge")
     cold = by_type(run_json(capsys, *args, "--compare", "p5.48xlarge=100"))
     trn = cold["trn1.32xlarge"]
     assert trn["total_seconds"] == pytest.approx(3600 + 1800)
@@ -124,17 +139,17 @@ def test_cold_compile_cache_is_billed_and_warm_saving_shown(
 @pytest.mark.parametrize(
     ("args", "seconds"),
     [
-        (("--unit", "it/s", "--throughput", "2", "--steps", "1000"), 500),
-        (("--unit", "it/s", "--throughput", "2", "--samples", "32000", "--batch-size", "32"), 500),
-        (("--unit", "samples/s", "--throughput", "64", "--steps", "1000", "--batch-size", "32"), 500),
-        (("--unit", "tokens/s", "--throughput", "512", "--samples", "1000", "--tokens-per-sample", "128"), 250),
-        (("--unit", "samples/s", "--throughput", "4", "--tokens", "128000", "--tokens-per-sample", "128"), 250),
+        ("--unit it/s --throughput 2 --steps 1000", 500),
+        ("--unit it/s --throughput 2 --samples 32000 --batch-size 32", 500),
+        ("--unit samples/s --throughput 64 --steps 1000 --batch-size 32", 500),
+        ("--unit tokens/s --throughput 512 --samples 1000 --tokens-per-sample 128", 250),
+        ("--unit samples/s --throughput 4 --tokens 128000 --tokens-per-sample 128", 250),
     ],
-)  # fmt: skip
+)
 def test_throughput_units_convert(
-    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], seconds: float
+    capsys: pytest.CaptureFixture[str], args: str, seconds: float
 ) -> None:
-    report = run_json(capsys, *args, "--compare", "p4d.24xlarge")
+    report = run_json(capsys, *args.split(), "--compare", "p4d.24xlarge")
     assert report["estimates"][0]["train_seconds"] == pytest.approx(seconds)
 
 
@@ -142,9 +157,9 @@ def test_break_even_throughput_for_gpus_without_a_throughput(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     text = run_text(capsys, "--throughput", "100", "--samples", "360000")
-    trn_h = INSTANCE_TYPES["trn1.32xlarge"].on_demand_usd_per_hour or 0
+    trn_h = table_price("trn1.32xlarge")
     for name in ("p4d.24xlarge", "p5.48xlarge"):
-        gpu_h = INSTANCE_TYPES[name].on_demand_usd_per_hour or 0
+        gpu_h = table_price(name)
         # Same cost: the GPU must do the hour's work in trn_h / gpu_h hours.
         assert f"{name} breaks even at {100 * gpu_h / trn_h:.4g} samples/s" in text
 
@@ -156,9 +171,7 @@ def test_measured_time_scales_to_the_comparison(capsys: pytest.CaptureFixture[st
     assert by_type(report)["p5.48xlarge"]["train_seconds"] == pytest.approx(500)
 
 
-def test_reads_a_trainer_metrics_file(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_reads_a_trainer_metrics_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     lines = [
         {"event": "train", "step": 10, "loss": 1.0, "samples_per_second": 90.0},
@@ -199,27 +212,33 @@ def test_metrics_file_without_summary_uses_train_events(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--throughput", "1"], "give the amount of work"),
-        (["--samples", "10"], "give --throughput"),
-        (["--instance-type", "x1.large", "--throughput", "1", "--samples", "1"], "unknown instance type 'x1.large'"),
-        (["--instance-type", "ml.trn1.32xlarge", "--throughput", "1", "--samples", "1"], "--price ml.trn1.32xlarge=USD_PER_HOUR"),
-        (["--instance-type", "trn2.48xlarge", "--throughput", "1", "--samples", "1"], "no on-demand price for trn2.48xlarge"),
-        (["--throughput", "-3", "--samples", "1"], "argument --throughput: expected a number > 0"),
-        (["--throughput", "1", "--steps", "10"], "give --batch-size"),
-        (["--throughput", "1", "--samples", "1", "--price", "p5.48xlarge=cheap"], "--price 'p5.48xlarge=cheap'"),
-        (["--throughput", "1", "--samples", "1", "--nodes", "0"], "--nodes '0'"),
-        (["--throughput", "1", "--samples", "1", "--compare", "p5.48xlarge=fast"], "--compare 'p5.48xlarge=fast'"),
-        (["--throughput", "1", "--samples", "1", "--compare", "trn1.32xlarge=2"], "different instance type"),
-        (["--throughput", "1", "--samples", "1", "--epochs", "2"], "--epochs needs --dataset-size"),
-        (["--throughput", "1", "--samples", "1", "--unit", "flops"], "argument --unit: invalid choice"),
-        (["--metrics", "/nonexistent/metrics.jsonl"], "cannot read metrics file"),
+        ("--throughput 1", "give the amount of work"),
+        ("--samples 10", "give --throughput"),
+        ("--instance-type x1.large --throughput 1 --samples 1", "unknown instance type 'x1.large'"),
+        (
+            "--instance-type ml.trn1.32xlarge --throughput 1 --samples 1",
+            "--price ml.trn1.32xlarge=USD_PER_HOUR",
+        ),
+        (
+            "--instance-type trn2.48xlarge --throughput 1 --samples 1",
+            "no on-demand price for trn2.48xlarge",
+        ),
+        ("--throughput -3 --samples 1", "argument --throughput: expected a number > 0"),
+        ("--throughput 1 --steps 10", "give --batch-size"),
+        ("--throughput 1 --samples 1 --price p5.48xlarge=cheap", "--price 'p5.48xlarge=cheap'"),
+        ("--throughput 1 --samples 1 --nodes 0", "--nodes '0'"),
+        ("--throughput 1 --samples 1 --compare p5.48xlarge=fast", "--compare 'p5.48xlarge=fast'"),
+        ("--throughput 1 --samples 1 --compare trn1.32xlarge=2", "different instance type"),
+        ("--throughput 1 --samples 1 --epochs 2", "--epochs needs --dataset-size"),
+        ("--throughput 1 --samples 1 --unit flops", "argument --unit: invalid choice"),
+        ("--metrics /nonexistent/metrics.jsonl", "cannot read metrics file"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_clear_line(
-    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+    capsys: pytest.CaptureFixture[str], args: str, message: str
 ) -> None:
     try:
-        code = ec.main(args)
+        code = ec.main(args.split())
     except SystemExit as exc:  # argparse's own checks
         code = exc.code
     assert code == 2
