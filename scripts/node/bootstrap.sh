@@ -33,12 +33,13 @@ METRICS_NAMESPACE="TrainiumCluster"
 # Packages the Neuron venv ships; installing PyPI builds over them would break it.
 NEURON_PACKAGES="torch,torch-xla,torch-neuronx,neuronx-cc,libneuronxla,torchvision,neuronx-distributed"
 
-on_bootstrap_err() {
-  local status=$? message
-  message="'$2' failed with status $status at line $1 of bootstrap.sh${CURRENT_PHASE:+ (phase $CURRENT_PHASE)}"
-  log "error: $message"
-  printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$message" >"$FAILED_MARKER" 2>/dev/null || true
-  exit "$status"
+# Leaves the reason of a failed run where preflight (and an operator) will find it.
+on_bootstrap_exit() {
+  local status=$?
+  if ((status != 0)); then
+    printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${LAST_ERROR:-bootstrap.sh exited with status $status}" \
+      >"$FAILED_MARKER" 2>/dev/null || true
+  fi
 }
 
 while (($#)); do
@@ -57,7 +58,8 @@ mkdir -p "$STATE_DIR" "$LOG_DIR/jobs"
 exec > >(tee -a "$LOG_DIR/bootstrap.log") 2>&1
 exec 9>"$STATE_DIR/bootstrap.lock"
 flock -w 1800 9 || die "another bootstrap still holds $STATE_DIR/bootstrap.lock after 30 minutes"
-trap 'on_bootstrap_err $LINENO "$BASH_COMMAND"' ERR
+trap 'on_err $LINENO "$BASH_COMMAND"' ERR
+trap on_bootstrap_exit EXIT
 rm -f "$READY_MARKER" "$FAILED_MARKER"
 started=$(date +%s)
 

@@ -91,7 +91,8 @@ log_files=("$output_dir/logs/node-$NODE_RANK-$NODE_ADDRESS.log")
 if mkdir -p "$LOG_DIR/jobs" 2>/dev/null && [[ -w $LOG_DIR/jobs ]]; then
   log_files+=("$LOG_DIR/jobs/$job_id.log")
 fi
-exec > >(tee -a "${log_files[@]}") 2>&1
+# The tee is not tagged as part of the job: stopping leftovers below must not end it.
+exec > >(env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}") 2>&1
 
 log "job $job_id: node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS), $NPROC processes, master ${HOSTS[0]}:$MASTER_PORT"
 log "output: $output_dir"

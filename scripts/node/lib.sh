@@ -29,7 +29,9 @@ log() {
   printf '[%s %s] %s\n' "$SCRIPT_NAME" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2
 }
 
+LAST_ERROR=""
 die() {
+  LAST_ERROR="$*"
   log "error: $*"
   exit 1
 }
@@ -38,7 +40,8 @@ die() {
 #   trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 on_err() {
   local status=$?
-  log "error: '$2' failed with status $status at $(basename "${BASH_SOURCE[1]:-$0}") line $1${CURRENT_PHASE:+ (phase $CURRENT_PHASE)}"
+  LAST_ERROR="'$2' failed with status $status at $(basename "${BASH_SOURCE[1]:-$0}") line $1${CURRENT_PHASE:+ (phase $CURRENT_PHASE)}"
+  log "error: $LAST_ERROR"
   exit "$status"
 }
 
@@ -149,7 +152,7 @@ interface_of() {
 
 # Total NeuronCores reported by `neuron-ls -j` (0 when there is no Neuron device).
 neuron_core_count() {
-  neuron-ls -j 2>/dev/null | python3 -c '
+  { neuron-ls -j 2>/dev/null || true; } | python3 -c '
 import json, sys
 try:
     devices = json.load(sys.stdin)
@@ -244,7 +247,7 @@ job_pids() {
     pid=${pid#/proc/}
     pid=${pid%/environ}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && continue
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true) == Z ]] && continue
     echo "$pid"
   done
 }

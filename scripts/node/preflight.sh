@@ -13,7 +13,7 @@
 # over all NeuronCores of all nodes: Neuron collectives over EFA on Trainium, gloo
 # elsewhere), plus nccom-test where the Neuron tools are installed. Prints one PASS/FAIL
 # line per check; exits 1 when any fails, 3 when the node has a hardware fault and should
-# be replaced.
+# be replaced. --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -21,7 +21,8 @@ trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 
 load_cluster_env || true
 
-hosts_arg="" port=29600 nproc_arg="" node_address_arg="" min_free_gb=50 wait_ready=900
+hosts_arg="" port=29600 nproc_arg="" node_address_arg="" wait_ready=900
+min_free_gb="${PREFLIGHT_MIN_FREE_GB:-50}"
 jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
 while (($#)); do
   case $1 in
@@ -67,12 +68,14 @@ check_ready() {
     pass ready "no $ENV_FILE: not a cluster node, nothing to wait for"
     return
   fi
-  while [[ ! -f $READY_MARKER ]] && ((waited < wait_ready)); do
+  while [[ ! -f $READY_MARKER && ! -f $STATE_DIR/failed ]] && ((waited < wait_ready)); do
     sleep 10
     waited=$((waited + 10))
   done
   if [[ -f $READY_MARKER ]]; then
     pass ready "bootstrap finished ($(head -n 1 "$READY_MARKER"))"
+  elif [[ -f $STATE_DIR/failed ]]; then
+    fail ready "bootstrap failed: $(head -n 1 "$STATE_DIR/failed") (see $LOG_DIR/bootstrap.log)"
   else
     fail ready "bootstrap has not finished after ${wait_ready} s (no $READY_MARKER; see $LOG_DIR/bootstrap.log)"
   fi
@@ -134,7 +137,7 @@ check_efa() {
     return
   fi
   if providers=$(fi_info -p efa -t FI_EP_RDM 2>&1) && grep -q 'provider: efa' <<<"$providers"; then
-    pass efa "libfabric EFA provider present ($(grep -c 'domain:' <<<"$providers") RDM domains)"
+    pass efa "libfabric EFA provider present ($(grep -c 'domain:' <<<"$providers" || true) RDM domains)"
   else
     fail efa "fi_info -p efa found no EFA provider: check the EFA interfaces and the efa driver"
   fi

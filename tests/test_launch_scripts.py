@@ -1,0 +1,694 @@
+"""The node scripts (scripts/node/*.sh) run here against fake node tools.
+
+Each test builds a fake node in a temporary directory: a bin/ folder that stands in for
+ip, neuron-ls, fi_info, torchrun, mount, systemctl, ... (they record how they were called)
+and a cluster.env, ready marker and log folder redirected through TRAINIUM_* variables.
+The scripts themselves run unmodified, the SSM documents' command lines included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.cluster_lib.documents import load
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NODE = REPO_ROOT / "scripts" / "node"
+LOG_LINE = re.compile(r"^\[(\w+) \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] (.*)$")
+
+FAKE_IP = """#!/usr/bin/env bash
+# ip -o -4 addr show, as on a node with one ENI
+if [[ "$*" == "-o -4 addr show" ]]; then
+  echo "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever"
+  echo "2: ens5    inet ${FAKE_ADDRESS:-10.1.0.12}/24 brd 10.1.0.255 scope global ens5"
+  exit 0
+fi
+exec /usr/sbin/ip "$@"
+"""
+
+# Records its arguments and environment; the collective check prints what the real one would.
+FAKE_TORCHRUN = """#!/usr/bin/env bash
+printf '%s\\n' "$@" > "$FAKE_DIR/torchrun.args"
+env > "$FAKE_DIR/torchrun.env"
+if [[ "$*" == *collective_check.py* ]]; then
+  echo '{"event": "collective", "backend": "gloo", "world_size": 2}'
+fi
+echo "fake torchrun on rank $4"
+exit "${FAKE_TORCHRUN_EXIT:-0}"
+"""
+
+FAKE_NEURON_LS = """#!/usr/bin/env bash
+[[ "$1" == -j ]] || exit 2
+cat "$FAKE_DIR/neuron-ls.json"
+"""
+
+RECORDER = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >> "$FAKE_DIR/calls.log"
+"""
+
+
+def trainium_devices(count: int = 16, cores: int = 2, busy: bool = False) -> list[dict[str, Any]]:
+    processes = [{"pid": 4242, "command": "python train.py"}] if busy else []
+    return [
+        {"neuron_device": i, "bdf": f"{i:02x}:1e.0", "nc_count": cores,
+         "memory_size": 34359738368, "neuron_processes": processes}
+        for i in range(count)
+    ]  # fmt: skip
+
+
+class FakeNode:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.state = root / "state"
+        self.logs = root / "log"
+        self.fsx = root / "fsx"
+        self.workload = root / "workload"
+        self.workload.mkdir()
+        (self.workload / "train.py").write_text("raise SystemExit('not run by these tests')\n")
+        self.env_file = root / "cluster.env"
+        self.tool("ip", FAKE_IP)
+        self.tool("torchrun", FAKE_TORCHRUN)
+        self.settings: dict[str, str] = {
+            "CLUSTER_NAME": "trainium",
+            "INSTANCE_TYPE": "trn1.32xlarge",
+            "NODE_COUNT": "2",
+            "FSX_MOUNT_POINT": str(self.fsx),
+            "COMPILE_CACHE_URL": "s3://cache-bucket/neuron-compile-cache/",
+            "WORKLOAD_DIR": str(self.workload),
+            "NEURON_VENV": str(root / "no-venv"),
+        }
+        self.write_env()
+        self.ready()
+
+    def write_env(self) -> None:
+        lines = (f"{key}={shlex.quote(value)}\n" for key, value in self.settings.items())
+        self.env_file.write_text("".join(lines))
+
+    def ready(self) -> None:
+        self.state.mkdir(exist_ok=True)
+        (self.state / "ready").write_text("ready 2026-01-01T00:00:00Z, bootstrap took 90 s\n")
+
+    def tool(self, name: str, script: str = RECORDER) -> None:
+        path = self.bin / name
+        path.write_text(script)
+        path.chmod(0o755)
+
+    def trainium(self, devices: list[dict[str, Any]] | None = None) -> None:
+        (self.root / "neuron-ls.json").write_text(json.dumps(devices or trainium_devices()))
+        self.tool("neuron-ls", FAKE_NEURON_LS)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        keep = ("HOME", "LANG", "TMPDIR")
+        env = {k: v for k, v in os.environ.items() if k in keep}
+        env.update(
+            PATH=f"{self.bin}:/usr/bin:/bin:/usr/sbin:/sbin",
+            FAKE_DIR=str(self.root),
+            TRAINIUM_CLUSTER_ENV=str(self.env_file),
+            TRAINIUM_STATE_DIR=str(self.state),
+            TRAINIUM_LOG_DIR=str(self.logs),
+        )
+        env.update(extra)
+        return env
+
+    def run(self, script: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(NODE / script), *args],
+            capture_output=True, text=True, env=self.env(**extra), timeout=120, check=False,
+        )  # fmt: skip
+
+    def run_document(
+        self, name: str, values: dict[str, str], **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs a document's command line the way SSM does: placeholders replaced, through
+        a shell, with the scripts at /opt/trainium-cluster (here: the repository)."""
+        command = load(name).run_command[0]
+        command = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: values[m.group(1)], command)
+        command = command.replace("/opt/trainium-cluster", str(REPO_ROOT))
+        return subprocess.run(
+            ["sh", "-c", command], capture_output=True, text=True, env=self.env(**extra),
+            timeout=120, check=False,
+        )  # fmt: skip
+
+    def torchrun_args(self) -> list[str]:
+        return (self.root / "torchrun.args").read_text().splitlines()
+
+    def torchrun_env(self) -> dict[str, str]:
+        lines = (self.root / "torchrun.env").read_text().splitlines()
+        return dict(line.split("=", 1) for line in lines if "=" in line)
+
+    def calls(self) -> list[str]:
+        path = self.root / "calls.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> FakeNode:
+    return FakeNode(tmp_path)
+
+
+def errors(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The `error:` lines a script logged."""
+    found = []
+    for line in (result.stderr + result.stdout).splitlines():
+        match = LOG_LINE.match(line)
+        if match and match.group(2).startswith("error: "):
+            found.append(match.group(2).removeprefix("error: "))
+    return found
+
+
+# --------------------------------------------------------------------------- shellcheck
+def test_shellcheck_passes_on_every_node_script() -> None:
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (make setup installs it)")
+    scripts = sorted(str(p.relative_to(REPO_ROOT)) for p in NODE.glob("*.sh"))
+    assert len(scripts) == 6
+    result = subprocess.run(
+        ["shellcheck", "--severity=style", *scripts], cwd=REPO_ROOT, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize(
+    "script", ["launch.sh", "preflight.sh", "precompile.sh", "stop.sh", "bootstrap.sh"]
+)
+def test_help_prints_the_usage(script: str, node: FakeNode) -> None:
+    result = node.run(script, "--help")
+    assert result.returncode == 0
+    assert f"{script} " in result.stdout
+    assert "set -E" not in result.stdout
+
+
+# ------------------------------------------------------------------------------- launch
+def test_launch_finds_its_rank_from_its_own_address(node: FakeNode) -> None:
+    result = node.run(
+        "launch.sh", "--hosts", "10.1.0.5,10.1.0.12,10.1.0.40", "--job-id", "bert-1",
+        "--nproc-per-node", "2", "--dry-run", "--", "--model", "tiny",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.strip().splitlines()[-1].split()
+    assert command == [
+        "torchrun", "--nnodes", "3", "--node_rank", "1", "--master_addr", "10.1.0.5",
+        "--master_port", "29500", "--nproc_per_node", "2", f"{node.workload}/train.py",
+        "--output", f"{node.fsx}/jobs/bert-1", "--model", "tiny",
+    ]  # fmt: skip
+    assert "GLOO_SOCKET_IFNAME=ens5" in result.stdout
+    assert "TRAINIUM_NODE_RANK=1" in result.stdout
+
+
+def test_launch_takes_an_explicit_node_address(node: FakeNode) -> None:
+    result = node.run(
+        "launch.sh", "--hosts", "127.0.0.1,127.0.0.2", "--job-id", "j", "--nproc-per-node", "1",
+        "--node-address", "127.0.0.2", "--jobs-root", str(node.root / "jobs"), "--dry-run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "--node_rank 1 --master_addr 127.0.0.1" in result.stdout
+    assert f"--output {node.root}/jobs/j" in result.stdout
+    assert "GLOO_SOCKET_IFNAME=lo" in result.stdout
+
+
+ONE = ["--hosts", "10.1.0.12", "--job-id", "j"]
+BAD_INPUT = [
+    (["--job-id", "j"],
+     "--hosts is required: the comma-separated addresses of all nodes, master first"),
+    (["--hosts", "10.1.0.12"], "--job-id is required"),
+    (["--hosts", "10.1.0.12", "--job-id", "a;b"],
+     "--job-id 'a;b' is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+     "starting with a letter or digit"),
+    (["--hosts", "10.1.0.12,10.1.0.12", "--job-id", "j"],
+     "--hosts lists 10.1.0.12 twice: every node must appear once"),
+    (["--hosts", "10.1.0.12,node-b", "--job-id", "j"],
+     "--hosts entry 'node-b' is not an IPv4 address: give the nodes' private addresses, "
+     "comma separated"),
+    (["--hosts", "10.9.9.1,10.9.9.2", "--job-id", "j"],
+     "none of --hosts (10.9.9.1 10.9.9.2) is an address of this node (127.0.0.1,10.1.0.12); "
+     "pass --node-address"),
+    ([*ONE, "--node-address", "10.1.0.13"], "--node-address 10.1.0.13 is not in --hosts 10.1.0.12"),
+    ([*ONE, "--master-port", "99999"],
+     "--master-port '99999' is not a TCP port: use a number from 1 to 65535"),
+    ([*ONE, "--nproc-per-node", "many"],
+     "--nproc-per-node 'many' is not allowed: use 'auto' (one process per NeuronCore) or a "
+     "number from 1 to 999"),
+    (ONE,
+     "--nproc-per-node auto needs neuron-ls (a Trainium node); pass a number of processes per "
+     "node on other machines"),
+    ([*ONE, "--nproc-per-node", "1", "--", "--output", "/tmp/x"],
+     "train.py arguments must not set --output: the job writes to <jobs-root>/<job-id>"),
+    ([*ONE, "--bogus"],
+     "unknown option '--bogus': options come first, then -- and the train.py arguments "
+     "(see --help)"),
+    (["--hosts"], "--hosts needs a value (see --help)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT)
+def test_launch_refuses_bad_input_with_one_line(
+    node: FakeNode, args: list[str], message: str
+) -> None:
+    result = node.run("launch.sh", *args)
+    assert result.returncode == 1
+    assert errors(result) == [message]
+    assert "Traceback" not in result.stderr
+    assert not (node.root / "torchrun.args").exists()
+
+
+def test_launch_on_trainium_sets_the_efa_and_neuron_environment(node: FakeNode) -> None:
+    node.trainium()
+    result = node.run("launch.sh", "--hosts", "10.1.0.12,10.1.0.40", "--job-id", "bert-1",
+                      "--master-port", "41000", "--", "--model", "tiny")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    args = node.torchrun_args()
+    assert args[:10] == [
+        "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.1.0.12", "--master_port",
+        "41000", "--nproc_per_node", "32",
+    ]  # fmt: skip
+    env = node.torchrun_env()
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["FI_EFA_FORK_SAFE"] == "1"
+    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:41001"
+    assert env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"
+    assert env["NEURON_COMPILE_CACHE_URL"] == "s3://cache-bucket/neuron-compile-cache/"
+    assert env["MALLOC_ARENA_MAX"] == "64"
+    assert env["CCOM_SOCKET_IFNAME"] == "ens5"
+    flags = env["NEURON_CC_FLAGS"].split()
+    assert "--model-type=transformer" in flags
+    assert "--auto-cast=all" in flags  # explicit: the compiler's default is none since 2.27
+    assert any(flag.startswith("--optlevel=") for flag in flags)
+    assert env["TRAINIUM_JOB_ID"] == "bert-1"
+    assert env["PYTHONPATH"].split(":")[0] == str(node.root)
+
+
+def test_neuron_cc_flags_can_be_overridden(node: FakeNode) -> None:
+    node.trainium()
+    node.settings["NEURON_CC_FLAGS"] = "--model-type=transformer --auto-cast=none --optlevel=1"
+    node.write_env()
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j")
+    assert result.returncode == 0, result.stderr
+    assert (
+        node.torchrun_env()["NEURON_CC_FLAGS"]
+        == "--model-type=transformer --auto-cast=none --optlevel=1"
+    )
+
+
+def test_launch_refuses_more_processes_than_neuron_cores(node: FakeNode) -> None:
+    node.trainium(trainium_devices(count=1, cores=2))
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "4")
+    assert errors(result) == ["--nproc-per-node 4 exceeds the 2 NeuronCores of this node"]
+
+
+def test_launch_elsewhere_leaves_neuron_variables_unset(node: FakeNode) -> None:
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "2")
+    assert result.returncode == 0, result.stderr
+    env = node.torchrun_env()
+    assert not [
+        key for key in env if key.startswith(("FI_", "NEURON_", "CCOM_")) and key != "NEURON_VENV"
+    ]
+    assert env["GLOO_SOCKET_IFNAME"] == "ens5"
+
+
+def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: FakeNode) -> None:
+    values = {
+        "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
+        "NprocPerNode": "2", "TrainArgs": "--data /fsx/data/imdb --model tiny --max-steps 5",
+    }  # fmt: skip
+    result = node.run_document("RunTraining", values)
+    assert result.returncode == 0, result.stderr
+    assert node.torchrun_args()[10:] == [
+        f"{node.workload}/train.py", "--output", f"{node.fsx}/jobs/bert-1",
+        "--data", "/fsx/data/imdb", "--model", "tiny", "--max-steps", "5",
+    ]  # fmt: skip
+    log = (node.fsx / "jobs" / "bert-1" / "logs" / "node-0-10.1.0.12.log").read_text()
+    assert "fake torchrun on rank 0" in log
+    assert "job bert-1: torchrun finished on node rank 0" in log
+    assert (node.logs / "jobs" / "bert-1.log").read_text() == log
+
+
+def test_launch_passes_on_the_training_exit_status(node: FakeNode) -> None:
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1",
+                      FAKE_TORCHRUN_EXIT="3")  # fmt: skip
+    assert result.returncode == 3
+    assert "job j: torchrun failed with status 3 on node rank 0 (10.1.0.12)" in result.stdout
+
+
+def test_launch_refuses_a_node_whose_bootstrap_has_not_finished(node: FakeNode) -> None:
+    (node.state / "ready").unlink()
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1")
+    assert result.returncode == 1
+    assert errors(result) == [
+        f"this node is not ready: bootstrap has not finished (no {node.state}/ready; "
+        f"see {node.logs}/bootstrap.log)"
+    ]
+
+
+# --------------------------------------------------------------------------------- stop
+def tagged(job: str, *, ignore_term: bool = False) -> subprocess.Popen[bytes]:
+    """A process tagged the way launch.sh tags a job's processes."""
+    env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": "10.1.0.12"}
+    script = "trap '' TERM; sleep 300 & wait" if ignore_term else "exec sleep 300"
+    return subprocess.Popen(["bash", "-c", script], env=env)
+
+
+def test_stop_ends_only_the_jobs_processes(node: FakeNode) -> None:
+    target = tagged("bert-1")
+    stubborn = tagged("bert-1", ignore_term=True)
+    other = tagged("bert-2")
+    time.sleep(0.3)
+    try:
+        result = node.run("stop.sh", "--job-id", "bert-1", "--grace", "2")
+        assert result.returncode == 0, result.stderr
+        assert target.wait(timeout=10) == -signal.SIGTERM
+        assert stubborn.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+        assert "sending SIGKILL to processes still running after 2 s" in result.stderr
+        again = node.run("stop.sh", "--job-id", "bert-1")
+        assert "job bert-1 has no running processes on this node" in again.stderr
+    finally:
+        for process in (target, stubborn, other):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_stop_document_runs_stop(node: FakeNode) -> None:
+    result = node.run_document("StopTraining", {"JobId": "nothing-running"})
+    assert result.returncode == 0, result.stderr
+    assert "job nothing-running has no running processes on this node" in result.stderr
+
+
+# ---------------------------------------------------------------------------- preflight
+def healthy_trainium(node: FakeNode) -> None:
+    node.trainium()
+    node.tool("lsmod", "#!/usr/bin/env bash\necho 'neuron 462848 0'\n")
+    node.tool("dmesg", "#!/usr/bin/env bash\necho '[ 1.0] neuron: driver loaded'\n")
+    node.tool(
+        "fi_info",
+        "#!/usr/bin/env bash\n"
+        "for i in 0 1; do echo 'provider: efa'; echo \"    domain: rdmap${i}-rdm\"; done\n",
+    )
+    node.tool(
+        "nccom-test",
+        '#!/usr/bin/env bash\necho "$*" >> "$FAKE_DIR/nccom.log"\n'
+        "echo 'Avg bus bandwidth: 40.1GB/s'\n",
+    )
+    node.tool("ssh", "#!/usr/bin/env bash\nexit 255\n")
+
+
+def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
+    healthy_trainium(node)
+    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
+    node.write_env()
+    result = node.run_document("Preflight", {"Hosts": "10.1.0.12,10.1.0.40", "Port": "29600"})
+    output = result.stderr
+    assert result.returncode == 0, output
+    for check in (
+        "ready",
+        "neuron-driver",
+        "neuron",
+        "neuron-hardware",
+        "efa",
+        "jobs-root",
+        "collective",
+        "nccom-local",
+    ):
+        assert re.search(rf"\] PASS {check}: ", output), f"no PASS {check}: {output}"
+    assert "skip nccom-multinode: no passwordless SSH to 10.1.0.40" in output
+    assert "PASS neuron: 16 Neuron devices, 32 NeuronCores, all idle" in output
+    assert "-r 32 -b 8 -e 1MB" in (node.root / "nccom.log").read_text()
+    args = node.torchrun_args()
+    assert args[:10] == [
+        "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.1.0.12", "--master_port",
+        "29600", "--nproc_per_node", "32",
+    ]  # fmt: skip
+    assert node.torchrun_env()["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:29601"
+
+
+def test_preflight_reports_busy_cores_and_a_hardware_fault(node: FakeNode) -> None:
+    healthy_trainium(node)
+    node.trainium(trainium_devices(busy=True))
+    node.tool(
+        "dmesg",
+        "#!/usr/bin/env bash\necho '[ 9.0] NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR "
+        "instance-id=i-1 action=TERMINATE_INSTANCE'\n",
+    )
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
+    assert result.returncode == 3, result.stderr
+    assert "FAIL neuron: NeuronCores are in use by processes 4242" in result.stderr
+    assert "FAIL neuron-hardware: kernel log reports NEURON_HW_ERR" in result.stderr
+    assert "replace this node: it reports a Neuron hardware error" in result.stderr
+
+
+def test_preflight_fails_without_efa_or_fsx_or_collective(node: FakeNode) -> None:
+    healthy_trainium(node)
+    node.tool(
+        "fi_info", "#!/usr/bin/env bash\necho 'fi_getinfo: -61 (No data available)'\nexit 1\n"
+    )
+    node.settings["FSX_DNS_NAME"] = "fs-1.fsx.us-east-1.amazonaws.com"
+    node.write_env()
+    node.tool("mountpoint", "#!/usr/bin/env bash\nexit 1\n")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12,10.1.0.40", "--min-free-gb", "0",
+                      FAKE_TORCHRUN_EXIT="1")  # fmt: skip
+    assert result.returncode == 1
+    assert "FAIL efa: fi_info -p efa found no EFA provider" in result.stderr
+    assert (
+        f"FAIL fsx: {node.fsx} is not mounted (FSx for Lustre fs-1.fsx.us-east-1.amazonaws.com)"
+        in result.stderr
+    )
+    assert "FAIL collective: all-reduce across 2 nodes failed (status 1)" in result.stderr
+    assert "preflight FAILED on 10.1.0.12: efa fsx collective" in result.stderr
+
+
+def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: FakeNode) -> None:
+    (node.state / "ready").unlink()
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--wait-ready", "0",
+                      "--nproc-per-node", "1", "--min-free-gb", "0")  # fmt: skip
+    assert result.returncode == 1
+    assert "FAIL ready: bootstrap has not finished after 0 s" in result.stderr
+
+
+# --------------------------------------------------------------------------- precompile
+def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -> None:
+    node.tool(
+        "neuron_parallel_compile",
+        '#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$FAKE_DIR/npc.args"\n',
+    )
+    scratch = node.root / "scratch"
+    values = {
+        "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
+        "NprocPerNode": "2", "Steps": "7", "TrainArgs": "--model tiny",
+    }  # fmt: skip
+    result = node.run_document("Precompile", values, TRAINIUM_PRECOMPILE_DIR=str(scratch))
+    assert result.returncode == 0, result.stderr
+    args = (node.root / "npc.args").read_text().splitlines()
+    assert args[0] == "torchrun"
+    assert args[args.index("--output") + 1] == f"{scratch}/bert-1"
+    assert args[-4:] == ["--model", "tiny", "--max-steps", "7"]
+    assert not (node.fsx / "jobs" / "bert-1").exists()  # the real job's output stays untouched
+
+
+def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:
+    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j")
+    assert result.returncode == 1
+    assert errors(result) == [
+        "neuron_parallel_compile not found: precompiling needs the Neuron SDK (a Trainium node "
+        "with the Neuron venv on PATH)"
+    ]
+
+
+# ---------------------------------------------------------------------------- bootstrap
+FAKE_MOUNT = """#!/usr/bin/env bash
+echo "mount $*" >> "$FAKE_DIR/calls.log"
+touch "$FAKE_DIR/mounted"
+"""
+FAKE_MOUNTPOINT = """#!/usr/bin/env bash
+[[ -f "$FAKE_DIR/mounted" ]]
+"""
+FAKE_SYSTEMCTL = """#!/usr/bin/env bash
+echo "systemctl $*" >> "$FAKE_DIR/calls.log"
+if [[ $1 == is-active ]]; then [[ -f "$FAKE_DIR/agent-running" ]]; fi
+"""
+FAKE_AGENT_CTL = """#!/usr/bin/env bash
+echo "amazon-cloudwatch-agent-ctl $*" >> "$FAKE_DIR/calls.log"
+touch "$FAKE_DIR/agent-running"
+"""
+# The venv's python: `-m pip ...` is recorded instead of run; the rest is the real Python.
+FAKE_VENV_PYTHON = f"""#!/usr/bin/env bash
+if [[ $1 == -m && $2 == pip ]]; then
+  echo "pip ${{*:3}}" >> "$FAKE_DIR/calls.log"
+  exit 0
+fi
+exec {sys.executable} "$@"
+"""
+
+
+def bootstrap_node(node: FakeNode) -> None:
+    healthy_trainium(node)
+    for tool, script in (
+        ("mount", FAKE_MOUNT),
+        ("mountpoint", FAKE_MOUNTPOINT),
+        ("systemctl", FAKE_SYSTEMCTL),
+    ):
+        node.tool(tool, script)
+    node.tool("mount.lustre")
+    node.tool("modprobe")
+    venv = node.root / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(FAKE_VENV_PYTHON)
+    (venv / "python").chmod(0o755)
+    agent = node.root / "cwagent" / "bin"
+    agent.mkdir(parents=True)
+    (agent / "amazon-cloudwatch-agent-ctl").write_text(FAKE_AGENT_CTL)
+    (agent / "amazon-cloudwatch-agent-ctl").chmod(0o755)
+    neuron_bin = node.root / "neuron-bin"
+    neuron_bin.mkdir()
+    for name in ("neuron-monitor", "neuron-monitor-cloudwatch.py"):
+        (neuron_bin / name).write_text("#!/bin/sh\n")
+        (neuron_bin / name).chmod(0o755)
+    import pytest as installed  # a package this interpreter has, at its installed version
+
+    (node.workload / "requirements.txt").write_text(
+        f"# workload pins\npytest=={installed.__version__}\ntqdm==0.0.1  # differs\ntorch==0.0.1\n"
+    )
+    node.settings.update(
+        AWS_REGION="us-east-1", FSX_DNS_NAME="fs-1.fsx.us-east-1.amazonaws.com",
+        FSX_MOUNT_NAME="abcdef", TRAINING_LOG_GROUP="/trainium/training",
+        NEURON_VENV=str(node.root / "venv"),
+    )  # fmt: skip
+    node.write_env()
+    (node.state / "ready").unlink()
+    (node.root / "fstab").write_text(
+        "LABEL=root / ext4 defaults 0 1\nold-fs@tcp:/x " + str(node.fsx) + " lustre defaults 0 0\n"
+    )
+
+
+def run_bootstrap(node: FakeNode) -> subprocess.CompletedProcess[str]:
+    return node.run(
+        "bootstrap.sh", "--env-file", str(node.env_file),
+        TRAINIUM_FSTAB=str(node.root / "fstab"), TRAINIUM_PROFILE_DIR=str(node.root / "profile.d"),
+        TRAINIUM_SYSTEMD_DIR=str(node.root / "systemd"),
+        TRAINIUM_CW_AGENT_DIR=str(node.root / "cwagent"),
+        TRAINIUM_NEURON_BIN=str(node.root / "neuron-bin"),
+    )  # fmt: skip
+
+
+def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: FakeNode) -> None:
+    bootstrap_node(node)
+    first = run_bootstrap(node)
+    assert first.returncode == 0, first.stdout + first.stderr
+    fsx_lines = [
+        line for line in (node.root / "fstab").read_text().splitlines() if str(node.fsx) in line
+    ]
+    assert fsx_lines == [
+        f"fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef {node.fsx} lustre "
+        "defaults,relatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0"
+    ]
+    calls = node.calls()
+    assert [c for c in calls if c.startswith("mount ")] == [
+        f"mount -t lustre -o relatime,flock fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef {node.fsx}"
+    ]
+    pip = [c for c in calls if c.startswith("pip ")]
+    assert len(pip) == 2
+    assert pip[0].startswith("pip install") and pip[0].endswith(" tqdm==0.0.1")  # only what differs
+    assert pip[1] == "pip check"
+    constraints = (node.state / "neuron-constraints.txt").read_text()
+    assert constraints.startswith("torch==")  # the venv's own torch is pinned, never replaced
+    assert "torch 2." in first.stdout and "keeping" in first.stdout
+    assert (
+        'NEURON_COMPILE_CACHE_URL="s3://cache-bucket/neuron-compile-cache/"'
+        in (node.root / "profile.d" / "trainium-cluster.sh").read_text()
+    )
+    config = json.loads((node.root / "cwagent" / "etc" / "trainium-cluster.json").read_text())
+    files = config["logs"]["logs_collected"]["files"]["collect_list"]
+    assert {f["log_group_name"] for f in files} == {"/trainium/training"}
+    unit = (node.root / "systemd" / "trainium-neuron-monitor.service").read_text()
+    assert "--namespace TrainiumCluster/Neuron --region us-east-1" in unit
+    assert "systemctl restart trainium-neuron-monitor.service" in calls
+    assert (node.state / "ready").read_text().startswith("ready ")
+    log = (node.logs / "bootstrap.log").read_text()
+    for phase in (
+        "environment",
+        "fsx",
+        "neuron",
+        "efa",
+        "python",
+        "workload",
+        "compile-cache",
+        "monitoring",
+        "ready",
+    ):
+        assert re.search(rf"phase {phase}: done in \d+ s", log), phase
+
+    (node.root / "calls.log").unlink()
+    second = run_bootstrap(node)
+    assert second.returncode == 0, second.stdout
+    assert fsx_lines == [
+        line for line in (node.root / "fstab").read_text().splitlines() if str(node.fsx) in line
+    ]
+    calls = node.calls()
+    assert not [c for c in calls if c.startswith("mount ")]
+    assert not [c for c in calls if "restart" in c or "fetch-config" in c]
+    assert "fstab already mounts" in second.stdout
+    assert "is already mounted" in second.stdout
+    assert (node.state / "ready").exists()
+
+
+def test_bootstrap_failure_names_the_phase_and_line_and_leaves_no_ready_marker(
+    node: FakeNode,
+) -> None:
+    bootstrap_node(node)
+    node.tool("fi_info", "#!/usr/bin/env bash\nexit 1\n")
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert "phase efa: start" in result.stdout
+    assert (
+        "error: libfabric has no EFA provider: multi-node training needs the EFA interfaces"
+        in result.stdout
+    )
+    assert not (node.state / "ready").exists()
+    assert (node.state / "failed").read_text().split(" ", 1)[1] == (
+        "libfabric has no EFA provider: multi-node training needs the EFA interfaces\n"
+    )
+    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
+    node.write_env()
+    check = node.run("preflight.sh", "--hosts", "10.1.0.12", "--nproc-per-node", "1")
+    assert "FAIL ready: bootstrap failed: " in check.stderr
+    node.tool("neuron-ls", "#!/usr/bin/env bash\nexit 1\n")
+    node.tool("lsmod", "#!/usr/bin/env bash\nexit 0\n")
+    node.tool(
+        "modprobe", "#!/usr/bin/env bash\necho 'modprobe: FATAL: Module neuron not found'\nexit 1\n"
+    )
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    failed = (node.state / "failed").read_text()
+    assert re.search(
+        r"'modprobe neuron' failed with status 1 at bootstrap.sh line \d+ \(phase neuron\)", failed
+    )
+    assert failed.split(" ", 1)[1].strip() in result.stdout
+
+
+def test_bootstrap_needs_its_settings(node: FakeNode) -> None:
+    result = node.run("bootstrap.sh", "--env-file", str(node.root / "missing.env"),
+                      TRAINIUM_FSTAB=str(node.root / "fstab"))  # fmt: skip
+    assert result.returncode == 1
+    assert f"cluster settings {node.root}/missing.env not found" in result.stdout
+    node.settings.pop("FSX_DNS_NAME", None)
+    node.write_env()
+    result = node.run(
+        "bootstrap.sh", "--env-file", str(node.env_file), TRAINIUM_FSTAB=str(node.root / "fstab")
+    )
+    assert result.returncode == 1
+    assert "lacks AWS_REGION FSX_DNS_NAME FSX_MOUNT_NAME TRAINING_LOG_GROUP" in result.stdout
