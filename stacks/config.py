@@ -1,0 +1,289 @@
+"""The cluster's settings: one frozen, validated dataclass built from CDK context.
+
+`ClusterConfig.from_context` is called once, in app.py, before any construct is made. Every
+value from `cdk.json` or `npx cdk synth -c key=value` is parsed and checked here, so the stacks
+never see a bad value and a user never sees a traceback: a `ConfigError` carries one line that
+names the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES, InstanceTypeSpec
+
+#: The PyTorch 2.9 Neuron DLAMI: the last line with PyTorch/XLA training (torch-neuronx 2.9).
+DEFAULT_AMI_PARAMETER = "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id"
+
+#: Availability Zone IDs (not names: names differ between accounts) of a zone that offers trn1
+#: in the regions this project has been checked against. Other regions need an explicit az_id.
+DEFAULT_AZ_IDS: Mapping[str, str] = {
+    "us-east-1": "use1-az6",
+    "us-east-2": "use2-az3",
+    "us-west-2": "usw2-az4",
+}
+
+#: Tags that the operator tooling uses to find a cluster's nodes.
+CLUSTER_TAG_KEY = "trainium-cluster:name"
+ROLE_TAG_KEY = "trainium-cluster:role"
+WORKER_ROLE = "worker"
+
+MAX_NODES = 64  # the most instances one Capacity Block holds
+FSX_MIN_GIB = 1200  # PERSISTENT_2 SSD: 1200 GiB, then steps of 2400 GiB
+FSX_STEP_GIB = 2400
+FSX_MAX_GIB = 2400 * 200  # a guard against typos (480 TiB), well above any default quota
+FSX_THROUGHPUTS = (125, 250, 500, 1000)  # PERSISTENT_2 tiers, MB/s per TiB of storage
+ROOT_VOLUME_MIN_GIB = 100  # the Neuron DLAMI's root snapshot does not fit in less
+ROOT_VOLUME_MAX_GIB = 16384  # the largest gp3 volume
+INTERNET_EGRESS_CHOICES = ("nat", "endpoints")
+#: The retention periods CloudWatch Logs accepts, in days.
+LOG_RETENTION_DAYS = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+    3288, 3653,
+)  # fmt: skip
+
+_CLUSTER_NAME_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,22}[a-z0-9])?$")
+_REGION_RE = re.compile(
+    r"^[a-z]{2}(-gov)?-(north|south|east|west|central|northeast|southeast|northwest|southwest)-\d$"
+)
+_AZ_ID_RE = re.compile(r"^([a-z]+\d+)-az\d+$")
+_AMI_ID_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_SSM_PARAMETER_RE = re.compile(r"^(?:/[A-Za-z0-9_.-]+)+$")
+_CAPACITY_RESERVATION_RE = re.compile(r"^cr-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_EMAIL_RE = re.compile(r"^[^@\s,;'\"]+@[^@\s,;'\"]+\.[A-Za-z]{2,}$")
+_TRUE = ("true", "yes", "1", "on")
+_FALSE = ("false", "no", "0", "off")
+_DIRECTIONS = {
+    "north": "n",
+    "south": "s",
+    "east": "e",
+    "west": "w",
+    "central": "c",
+    "northeast": "ne",
+    "southeast": "se",
+    "northwest": "nw",
+    "southwest": "sw",
+}
+
+
+class ConfigError(ValueError):
+    """A setting the cluster cannot be built from; the message is one line for the user."""
+
+
+def az_id_prefix(region: str) -> str:
+    """Prefix of a region's Availability Zone IDs: us-east-1 -> use1, us-gov-west-1 -> usgw1."""
+    parts = region.split("-")
+    if parts[1] == "gov":
+        return f"{parts[0]}g{_DIRECTIONS[parts[2]]}{parts[3]}"
+    return f"{parts[0]}{_DIRECTIONS[parts[1]]}{parts[2]}"
+
+
+def _setting(default: Any, allowed: str) -> Any:
+    """A settable field; `allowed` is what error messages tell the user."""
+    return field(default=default, metadata={"allowed": allowed})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """Everything that varies between clusters. The defaults are the ones in cdk.json."""
+
+    #: Prefix of the stack names, value of the cluster tag, part of physical names.
+    cluster_name: str = _setting(
+        "trainium", "1-24 lowercase letters, digits and '-', starting with a letter"
+    )
+    region: str = _setting("us-east-1", "an AWS region name such as us-east-1")
+    #: Availability Zone ID of the one subnet that all nodes share (EFA needs one subnet).
+    #: Empty: the trn1 zone of the region from DEFAULT_AZ_IDS.
+    az_id: str = _setting("", "an Availability Zone ID of the region, such as use1-az6")
+    instance_type: str = _setting("trn1.32xlarge", ", ".join(CLUSTER_INSTANCE_TYPES))
+    node_count: int = _setting(2, f"1 to {MAX_NODES}")
+    #: An SSM parameter resolved at deploy time, or a pinned AMI ID.
+    ami: str = _setting(
+        DEFAULT_AMI_PARAMETER,
+        "an AMI ID (ami- and 8 or 17 hex digits) or an SSM parameter path such as "
+        + DEFAULT_AMI_PARAMETER,
+    )
+    fsx_storage_gib: int = _setting(
+        FSX_MIN_GIB, f"{FSX_MIN_GIB} or a multiple of {FSX_STEP_GIB} (2400, 4800, ...)"
+    )
+    fsx_throughput_per_tib: int = _setting(
+        250, f"{', '.join(map(str, FSX_THROUGHPUTS))} (MB/s per TiB)"
+    )
+    root_volume_gib: int = _setting(512, f"{ROOT_VOLUME_MIN_GIB} to {ROOT_VOLUME_MAX_GIB}")
+    #: A targeted On-Demand Capacity Reservation or Capacity Block, or empty for none.
+    capacity_reservation_id: str = _setting("", "cr- and 8 or 17 hex digits, or empty for none")
+    #: True when capacity_reservation_id is a Capacity Block for ML.
+    capacity_block: bool = _setting(False, "true or false")
+    #: nat: a NAT gateway gives the nodes internet egress; endpoints: VPC endpoints only.
+    internet_egress: str = _setting(
+        "nat", "nat (a NAT gateway) or endpoints (VPC endpoints only, no internet)"
+    )
+    #: Keep the data and checkpoint buckets (and their access logs) on `cdk destroy`.
+    retain_data: bool = _setting(True, "true or false")
+    #: Address that alarms are mailed to (an SNS email subscription), or empty for none.
+    alarm_email: str = _setting("", "one address such as ops@example.com, or empty for none")
+    #: How long the training and VPC flow log groups keep events.
+    log_retention_days: int = _setting(365, ", ".join(map(str, LOG_RETENTION_DAYS)))
+
+    #: The facts of instance_type, from stacks/instance_types.py.
+    instance: InstanceTypeSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._require(bool(_CLUSTER_NAME_RE.match(self.cluster_name)), "cluster_name")
+        self._require(bool(_REGION_RE.match(self.region)), "region")
+        self._check_az_id()
+        self._require(
+            self.instance_type in CLUSTER_INSTANCE_TYPES, "instance_type", "not supported"
+        )
+        object.__setattr__(self, "instance", INSTANCE_TYPES[self.instance_type])
+        self._require(1 <= self.node_count <= MAX_NODES, "node_count", "out of range")
+        if self.node_count > 1 and not self.instance.supports_multi_node:
+            with_efa = [t for t in CLUSTER_INSTANCE_TYPES if INSTANCE_TYPES[t].supports_multi_node]
+            raise ConfigError(
+                f"node_count={self.node_count} is not allowed with instance_type="
+                f"{self.instance_type}: nodes talk over EFA and {self.instance_type} has no EFA "
+                f"interface; allowed: node_count=1, or instance_type {', '.join(with_efa)}"
+            )
+        self._require(
+            bool(_AMI_ID_RE.match(self.ami) or _SSM_PARAMETER_RE.match(self.ami)),
+            "ami",
+            "neither an AMI ID nor an SSM parameter path",
+        )
+        self._require(
+            FSX_MIN_GIB <= self.fsx_storage_gib <= FSX_MAX_GIB
+            and (self.fsx_storage_gib == FSX_MIN_GIB or self.fsx_storage_gib % FSX_STEP_GIB == 0),
+            "fsx_storage_gib",
+            "not a size FSx for Lustre PERSISTENT_2 (SSD) allows",
+        )
+        self._require(
+            self.fsx_throughput_per_tib in FSX_THROUGHPUTS,
+            "fsx_throughput_per_tib",
+            "not a PERSISTENT_2 throughput tier",
+        )
+        self._require(
+            ROOT_VOLUME_MIN_GIB <= self.root_volume_gib <= ROOT_VOLUME_MAX_GIB,
+            "root_volume_gib",
+            "out of range",
+        )
+        self._require(
+            not self.capacity_reservation_id
+            or bool(_CAPACITY_RESERVATION_RE.match(self.capacity_reservation_id)),
+            "capacity_reservation_id",
+            "not a capacity reservation ID",
+        )
+        if self.capacity_block and not self.capacity_reservation_id:
+            raise ConfigError(
+                "capacity_block=true is not allowed without a reservation; allowed: "
+                "capacity_block=true together with capacity_reservation_id=<the block's cr- ID>"
+            )
+        self._require(self.internet_egress in INTERNET_EGRESS_CHOICES, "internet_egress")
+        self._require(
+            not self.alarm_email or bool(_EMAIL_RE.match(self.alarm_email)),
+            "alarm_email",
+            "not an email address",
+        )
+        self._require(
+            self.log_retention_days in LOG_RETENTION_DAYS,
+            "log_retention_days",
+            "not a retention CloudWatch Logs offers",
+        )
+
+    def _require(self, ok: bool, key: str, problem: str = "not allowed") -> None:
+        if not ok:
+            raise ConfigError(
+                f"{key}={getattr(self, key)!r} is {problem}; allowed: {_allowed(key)}"
+            )
+
+    def _check_az_id(self) -> None:
+        if not self.az_id:
+            if self.region not in DEFAULT_AZ_IDS:
+                raise ConfigError(
+                    f"az_id is required for region={self.region} (no default zone is known "
+                    f"there); allowed: a zone ID of {self.region} that offers "
+                    f"{self.instance_type}, such as {az_id_prefix(self.region)}-az1, or a region "
+                    f"with a default: {', '.join(DEFAULT_AZ_IDS)}"
+                )
+            object.__setattr__(self, "az_id", DEFAULT_AZ_IDS[self.region])
+        match = _AZ_ID_RE.match(self.az_id)
+        prefix = az_id_prefix(self.region)
+        if not match:
+            raise ConfigError(
+                f"az_id={self.az_id!r} is not an Availability Zone ID (IDs are the same in every "
+                f"account, names such as {self.region}a are not); allowed: a zone ID of "
+                f"{self.region}, such as {DEFAULT_AZ_IDS.get(self.region, prefix + '-az1')}"
+            )
+        if match.group(1) != prefix:
+            raise ConfigError(
+                f"az_id={self.az_id!r} is not in region={self.region}; allowed: a zone ID of "
+                f"{self.region} (starting with {prefix}-az), such as "
+                f"{DEFAULT_AZ_IDS.get(self.region, prefix + '-az1')}"
+            )
+
+    # Names derived from the settings, kept in one place.
+
+    @property
+    def auto_scaling_group_name(self) -> str:
+        """A physical name, so that the operations stack can watch the group it does not own."""
+        return f"{self.cluster_name}-workers"
+
+    @property
+    def metrics_namespace(self) -> str:
+        """CloudWatch namespace that the nodes publish their neuron-monitor metrics under."""
+        return f"TrainiumCluster/{self.cluster_name}"
+
+    def stack_name(self, part: str) -> str:
+        return f"{self.cluster_name}-{part}"
+
+    @classmethod
+    def from_context(
+        cls, get: Callable[[str], Any], present_keys: Iterable[str] = ()
+    ) -> ClusterConfig:
+        """Build the config from CDK context: `get` is `app.node.try_get_context`.
+
+        `present_keys` are all context keys; a snake_case key that is no setting (a typo such as
+        `node_cout`) is refused rather than silently ignored. CDK's own keys contain ':' or '@'.
+        """
+        settable = {f.name: f for f in fields(cls) if f.init}
+        for key in present_keys:
+            if re.fullmatch(r"[a-z][a-z0-9_]*", key) and key not in settable:
+                close = difflib.get_close_matches(key, settable, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(f"{key} is not a setting{hint}; allowed: {', '.join(settable)}")
+        values = {}
+        for name, f in settable.items():
+            raw = get(name)
+            if raw is not None:
+                values[name] = _parse(name, raw, f.default)
+        return cls(**values)
+
+
+def _allowed(key: str) -> str:
+    return str(next(f.metadata["allowed"] for f in fields(ClusterConfig) if f.name == key))
+
+
+def _parse(key: str, raw: object, default: object) -> Any:
+    """Turn one context value into the type of its field.
+
+    Values from cdk.json arrive as JSON types; values from `-c key=value` are always strings.
+    """
+    if isinstance(default, bool):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ConfigError(f"{key}={raw!r} is not a boolean; allowed: {_allowed(key)}")
+    if isinstance(default, int):
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        text = str(raw).strip()
+        if isinstance(raw, str) and re.fullmatch(r"[+-]?\d+", text):
+            return int(text)
+        raise ConfigError(f"{key}={raw!r} is not a whole number; allowed: {_allowed(key)}")
+    if not isinstance(raw, str):
+        raise ConfigError(f"{key}={raw!r} is not a string; allowed: {_allowed(key)}")
+    return raw.strip()

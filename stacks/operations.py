@@ -1,0 +1,354 @@
+"""Operations stack: SSM Command documents, the training log group, dashboard, alarms, outputs.
+
+It deploys before the compute stack (the nodes write to its log group and notify its topic), so
+destroying the compute stack alone stops the instances and keeps logs, documents and dashboards.
+It watches the Auto Scaling group by its configured name and carries every output that
+`scripts/cluster.py` reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import yaml
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
+from stacks.log_groups import allow_cloudwatch_logs, retention
+from stacks.storage import StorageStack
+
+SSM_DOCUMENTS_DIR = Path(__file__).resolve().parent / "ssm_documents"
+#: Metric that the nodes publish from neuron-monitor (percent busy, per NeuronCore).
+NEURONCORE_UTILIZATION_METRIC = "NeuronCoreUtilization"
+FIVE_MINUTES = cdk.Duration.minutes(5)
+ONE_MINUTE = cdk.Duration.minutes(1)
+
+
+def load_ssm_documents() -> dict[str, dict[str, Any]]:
+    """Every stacks/ssm_documents/<Name>.yaml, parsed, by Name."""
+    return {
+        path.stem: yaml.safe_load(path.read_text(encoding="utf-8"))
+        for path in sorted(SSM_DOCUMENTS_DIR.glob("*.yaml"))
+    }
+
+
+class OperationsStack(cdk.Stack):
+    """What operators use to run and watch training on the cluster."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ClusterConfig,
+        storage: StorageStack,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.config = config
+        self.key = kms.Key(
+            self,
+            "OperationsKey",
+            description=f"{config.cluster_name}: encrypts the training log group and alarm topic",
+            enable_key_rotation=True,
+            removal_policy=cdk.RemovalPolicy.RETAIN
+            if config.retain_data
+            else cdk.RemovalPolicy.DESTROY,
+        )
+        allow_cloudwatch_logs(self.key)
+        self.training_log_group = logs.LogGroup(
+            self,
+            "TrainingLogGroup",
+            retention=retention(config.log_retention_days),
+            encryption_key=self.key,
+            removal_policy=cdk.RemovalPolicy.RETAIN
+            if config.retain_data
+            else cdk.RemovalPolicy.DESTROY,
+        )
+        self.documents = {
+            name: ssm_document(self, name, content)
+            for name, content in load_ssm_documents().items()
+        }
+        self.alarm_topic = self._alarm_topic()
+        self.dashboard = self._dashboard(storage.file_system)
+        self._alarms(storage.file_system)
+        self._outputs(storage)
+
+    def _alarm_topic(self) -> sns.Topic:
+        config = self.config
+        # CloudWatch alarms and the Auto Scaling group's notifications publish to an encrypted
+        # topic only if the key lets them.
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchAlarms",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],  # in a key policy, "*" is this key
+                conditions={"StringEquals": {"aws:SourceAccount": self.account}},
+            )
+        )
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowAutoScalingNotifications",
+                # The Auto Scaling service-linked role may not exist yet when this key is
+                # created, so name it in a condition rather than as the principal.
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {"kms:CallerAccount": self.account},
+                    "ArnEquals": {
+                        "aws:PrincipalArn": self.format_arn(
+                            service="iam",
+                            region="",
+                            resource="role",
+                            resource_name="aws-service-role/autoscaling.amazonaws.com/"
+                            "AWSServiceRoleForAutoScaling",
+                        )
+                    },
+                },
+            )
+        )
+        topic = sns.Topic(
+            self,
+            "AlarmTopic",
+            display_name=f"{config.cluster_name} cluster alarms",
+            master_key=self.key,
+            enforce_ssl=True,
+        )
+        if config.alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
+        return topic
+
+    # Metrics -----------------------------------------------------------------------------
+
+    def _asg_metric(
+        self,
+        namespace: str,
+        name: str,
+        statistic: str,
+        label: str,
+        period: cdk.Duration = FIVE_MINUTES,
+    ) -> cloudwatch.Metric:
+        return cloudwatch.Metric(
+            namespace=namespace,
+            metric_name=name,
+            dimensions_map={"AutoScalingGroupName": self.config.auto_scaling_group_name},
+            statistic=statistic,
+            label=label,
+            period=period,
+        )
+
+    def _fsx_metric(
+        self, file_system: fsx.CfnFileSystem, name: str, statistic: str, label: str
+    ) -> cloudwatch.Metric:
+        return cloudwatch.Metric(
+            namespace="AWS/FSx",
+            metric_name=name,
+            dimensions_map={"FileSystemId": file_system.ref},
+            statistic=statistic,
+            label=label,
+            period=FIVE_MINUTES,
+        )
+
+    def _neuroncore_utilization(self) -> cloudwatch.MathExpression:
+        # The nodes publish per instance and per core; a search finds whatever dimensions the
+        # collector adds, so the dashboard does not depend on them.
+        return cloudwatch.MathExpression(
+            expression=(
+                f'SEARCH(\'Namespace="{self.config.metrics_namespace}" '
+                f"MetricName=\"{NEURONCORE_UTILIZATION_METRIC}\"', 'Average', 60)"
+            ),
+            label="NeuronCore utilization",
+            period=ONE_MINUTE,
+            using_metrics={},
+        )
+
+    def _dashboard(self, file_system: fsx.CfnFileSystem) -> cloudwatch.Dashboard:
+        config = self.config
+        node_metrics = {
+            "in_service": self._asg_metric(
+                "AWS/AutoScaling", "GroupInServiceInstances", "Minimum", "Nodes in service"
+            ),
+        }
+        fsx_read = self._fsx_metric(file_system, "DataReadBytes", "Sum", "read")
+        fsx_write = self._fsx_metric(file_system, "DataWriteBytes", "Sum", "write")
+        dashboard = cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            default_interval=cdk.Duration.hours(6),
+            period_override=cloudwatch.PeriodOverride.AUTO,
+        )
+        dashboard.add_widgets(
+            cloudwatch.TextWidget(
+                markdown=(
+                    f"# {config.cluster_name}: {config.node_count} x {config.instance_type}\n"
+                    f"Nodes carry the tag `{CLUSTER_TAG_KEY}={config.cluster_name}`. "
+                    f"Training output: log group `{self.training_log_group.log_group_name}`."
+                ),
+                width=24,
+                height=2,
+            )
+        )
+        dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="NeuronCore utilization (%, from neuron-monitor)",
+                left=[self._neuroncore_utilization()],
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
+                title="CPU utilization (%)",
+                left=[
+                    self._asg_metric("AWS/EC2", "CPUUtilization", "Average", "average"),
+                    self._asg_metric("AWS/EC2", "CPUUtilization", "Maximum", "busiest node"),
+                ],
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+                width=12,
+            ),
+        )
+        dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Network (bytes per 5 minutes, all nodes)",
+                left=[
+                    self._asg_metric("AWS/EC2", "NetworkIn", "Sum", "in"),
+                    self._asg_metric("AWS/EC2", "NetworkOut", "Sum", "out"),
+                ],
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
+                title="FSx for Lustre throughput (MB/s)",
+                left=[
+                    cloudwatch.MathExpression(
+                        expression="read / PERIOD(read) / 1000000",
+                        using_metrics={"read": fsx_read},
+                        label="read",
+                    ),
+                    cloudwatch.MathExpression(
+                        expression="write / PERIOD(write) / 1000000",
+                        using_metrics={"write": fsx_write},
+                        label="write",
+                    ),
+                ],
+                width=12,
+            ),
+        )
+        dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Nodes in service",
+                left=[node_metrics["in_service"]],
+                left_annotations=[
+                    cloudwatch.HorizontalAnnotation(value=config.node_count, label="node_count")
+                ],
+                left_y_axis=cloudwatch.YAxisProps(min=0),
+                width=12,
+            ),
+            cloudwatch.LogQueryWidget(
+                title="Latest training output",
+                log_group_names=[self.training_log_group.log_group_name],
+                query_lines=[
+                    "fields @timestamp, @logStream, @message",
+                    "sort @timestamp desc",
+                    "limit 50",
+                ],
+                width=12,
+            ),
+        )
+        return dashboard
+
+    def _alarms(self, file_system: fsx.CfnFileSystem) -> None:
+        config = self.config
+        action = cloudwatch_actions.SnsAction(self.alarm_topic)
+        alarms = [
+            cloudwatch.Alarm(
+                self,
+                "NodesMissingAlarm",
+                alarm_description=(
+                    f"Fewer than {config.node_count} nodes in service for 15 minutes: a node "
+                    "failed and its replacement has not come up (capacity?)."
+                ),
+                metric=self._asg_metric(
+                    "AWS/AutoScaling", "GroupInServiceInstances", "Minimum", "Nodes in service"
+                ),
+                threshold=config.node_count,
+                comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                evaluation_periods=3,
+                treat_missing_data=cloudwatch.TreatMissingData.MISSING,
+            ),
+            cloudwatch.Alarm(
+                self,
+                "StatusCheckFailedAlarm",
+                alarm_description=(
+                    "An instance or system status check failed on a node: the Auto Scaling "
+                    "group replaces it; training resumes from the latest checkpoint."
+                ),
+                metric=self._asg_metric(
+                    "AWS/EC2", "StatusCheckFailed", "Maximum", "Status check failed", ONE_MINUTE
+                ),
+                threshold=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                evaluation_periods=2,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            ),
+            cloudwatch.Alarm(
+                self,
+                "FsxStorageLowAlarm",
+                alarm_description="Less than 10% of the FSx for Lustre file system is free.",
+                metric=self._fsx_metric(
+                    file_system, "FreeDataStorageCapacity", "Minimum", "Free bytes"
+                ),
+                threshold=config.fsx_storage_gib * 2**30 * 0.10,
+                comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                evaluation_periods=3,
+                treat_missing_data=cloudwatch.TreatMissingData.MISSING,
+            ),
+        ]
+        for alarm in alarms:
+            alarm.add_alarm_action(action)
+            alarm.add_ok_action(action)
+
+    def _outputs(self, storage: StorageStack) -> None:
+        config = self.config
+        values = {
+            "ClusterName": config.cluster_name,
+            "ClusterTagKey": CLUSTER_TAG_KEY,
+            "NodeCount": str(config.node_count),
+            "InstanceType": config.instance_type,
+            "AutoScalingGroupName": config.auto_scaling_group_name,
+            **{f"{name}DocumentName": doc.ref for name, doc in self.documents.items()},
+            "TrainingLogGroupName": self.training_log_group.log_group_name,
+            "DataBucketName": storage.data_bucket.bucket_name,
+            "CheckpointBucketName": storage.checkpoint_bucket.bucket_name,
+            "CompileCacheBucketName": storage.compile_cache_bucket.bucket_name,
+            "FsxMountName": storage.file_system.attr_lustre_mount_name,
+            "FsxDnsName": storage.file_system.attr_dns_name,
+            "AlarmTopicArn": self.alarm_topic.topic_arn,
+            "DashboardName": self.dashboard.dashboard_name,
+        }
+        for key, value in values.items():
+            cdk.CfnOutput(self, key, value=value)
+
+
+def ssm_document(scope: Construct, name: str, content: dict[str, Any]) -> ssm.CfnDocument:
+    """One SSM Command document; CloudFormation names it, operators read the name from outputs."""
+    document = ssm.CfnDocument(
+        scope,
+        f"{name}Document",
+        content=content,
+        document_type="Command",
+        # Keep the name across updates: a changed document becomes its new default version.
+        update_method="NewVersion",
+    )
+    document.override_logical_id(f"{name}Document")
+    return document

@@ -1,0 +1,349 @@
+"""Storage stack: S3 buckets for data, checkpoints and the Neuron compile cache; FSx for Lustre.
+
+The data and checkpoint buckets hold what a training run cannot recreate. They (and the
+access-log bucket that audits them) are retained on `cdk destroy` unless `retain_data=false`.
+The compile cache is a cache: it is emptied and deleted with the stack, and its lifecycle rule
+expires old entries because the Neuron compiler never cleans its cache itself.
+
+FSx for Lustre is the nodes' shared /fsx. Data repository associations link /fsx/data to the
+data bucket and /fsx/jobs to the checkpoint bucket, so checkpoints written under /fsx/jobs reach
+S3 with no extra code, and a new file system sees the jobs of an old one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.config import ClusterConfig
+from stacks.nag import acknowledge
+
+COMPILE_CACHE_PREFIX = "neuron-compile-cache/"
+FSX_MOUNT_POINT = "/fsx"
+DATA_PATH = "/data"  # /fsx/data on the nodes
+JOBS_PATH = "/jobs"  # /fsx/jobs on the nodes
+LUSTRE_VERSION = "2.15"
+
+
+class ClusterBuckets(Construct):
+    """Access-log, data, checkpoint and compile-cache buckets."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: ClusterConfig) -> None:
+        super().__init__(scope, construct_id)
+        keep = config.retain_data
+        removal = cdk.RemovalPolicy.RETAIN if keep else cdk.RemovalPolicy.DESTROY
+
+        self.access_log_bucket = s3.Bucket(
+            self,
+            "AccessLogBucket",
+            # S3 server access logging can only deliver to SSE-S3 buckets.
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireAccessLogs",
+                    expiration=cdk.Duration.days(config.log_retention_days),
+                    abort_incomplete_multipart_upload_after=cdk.Duration.days(7),
+                )
+            ],
+            removal_policy=removal,
+            auto_delete_objects=not keep,
+        )
+        acknowledge(
+            self.access_log_bucket,
+            ["AwsSolutions-S1", "NIST.800.53.R5-S3BucketLoggingEnabled"],
+            "This is the server access log bucket; logging it into itself would loop.",
+        )
+        acknowledge(
+            self.access_log_bucket,
+            "NIST.800.53.R5-S3DefaultEncryptionKMS",
+            "S3 server access logs can only be delivered to a bucket encrypted with SSE-S3.",
+        )
+        acknowledge(
+            self.access_log_bucket,
+            "NIST.800.53.R5-S3BucketVersioningEnabled",
+            "Log objects are written once by the S3 logging service and never overwritten.",
+        )
+
+        self.data_bucket = self._bucket(
+            "DataBucket",
+            config=config,
+            log_prefix="data/",
+            versioned=True,
+            noncurrent_days=30,
+            removal=removal,
+        )
+        self.checkpoint_bucket = self._bucket(
+            "CheckpointBucket",
+            config=config,
+            log_prefix="checkpoints/",
+            versioned=True,
+            noncurrent_days=14,
+            removal=removal,
+        )
+        # A cache: rebuilt by compiling again, so neither versioned nor kept on destroy.
+        self.compile_cache_bucket = self._bucket(
+            "CompileCacheBucket",
+            config=config,
+            log_prefix="compile-cache/",
+            versioned=False,
+            noncurrent_days=None,
+            removal=cdk.RemovalPolicy.DESTROY,
+            expire_days=90,
+        )
+        acknowledge(
+            self.compile_cache_bucket,
+            "NIST.800.53.R5-S3BucketVersioningEnabled",
+            "The Neuron compile cache is rebuilt by compiling again; old versions of cache "
+            "entries have no value.",
+        )
+        for bucket in (
+            self.access_log_bucket,
+            self.data_bucket,
+            self.checkpoint_bucket,
+            self.compile_cache_bucket,
+        ):
+            acknowledge(
+                bucket,
+                "NIST.800.53.R5-S3BucketReplicationEnabled",
+                "Training data, checkpoints and caches live in the cluster's region only; "
+                "cross-region replication would double storage cost for data that is "
+                "reproducible from its source.",
+            )
+
+    def _bucket(
+        self,
+        construct_id: str,
+        *,
+        config: ClusterConfig,
+        log_prefix: str,
+        versioned: bool,
+        noncurrent_days: int | None,
+        removal: cdk.RemovalPolicy,
+        expire_days: int | None = None,
+    ) -> s3.Bucket:
+        rules = [
+            s3.LifecycleRule(
+                id="AbortIncompleteUploads",
+                abort_incomplete_multipart_upload_after=cdk.Duration.days(7),
+            )
+        ]
+        if noncurrent_days is not None:
+            rules.append(
+                s3.LifecycleRule(
+                    id="ExpireOldVersions",
+                    noncurrent_version_expiration=cdk.Duration.days(noncurrent_days),
+                    expired_object_delete_marker=True,
+                )
+            )
+        if expire_days is not None:
+            rules.append(
+                s3.LifecycleRule(
+                    id="ExpireOldCacheEntries",
+                    prefix=COMPILE_CACHE_PREFIX,
+                    expiration=cdk.Duration.days(expire_days),
+                )
+            )
+        return s3.Bucket(
+            self,
+            construct_id,
+            # SSE-KMS with the AWS managed key: FSx data repository associations can read and
+            # write it without a per-file-system key policy.
+            encryption=s3.BucketEncryption.KMS_MANAGED,
+            bucket_key_enabled=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            versioned=versioned,
+            lifecycle_rules=rules,
+            server_access_logs_bucket=self.access_log_bucket,
+            server_access_logs_prefix=log_prefix,
+            removal_policy=removal,
+            auto_delete_objects=removal == cdk.RemovalPolicy.DESTROY,
+        )
+
+
+class LustreFileSystem(Construct):
+    """FSx for Lustre PERSISTENT_2 with LZ4, linked to the data and checkpoint buckets."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ClusterConfig,
+        subnet: ec2.ISubnet,
+        security_group: ec2.ISecurityGroup,
+        data_bucket: s3.IBucket,
+        checkpoint_bucket: s3.IBucket,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.key = kms.Key(
+            self,
+            "Key",
+            description=f"{config.cluster_name}: encrypts the FSx for Lustre file system",
+            enable_key_rotation=True,
+            removal_policy=cdk.RemovalPolicy.RETAIN
+            if config.retain_data
+            else cdk.RemovalPolicy.DESTROY,
+        )
+        # The L1 resource: the L2 LustreFileSystem adds security group rules of its own and has
+        # no data repository associations.
+        self.file_system = fsx.CfnFileSystem(
+            self,
+            "FileSystem",
+            file_system_type="LUSTRE",
+            file_system_type_version=LUSTRE_VERSION,
+            storage_type="SSD",
+            storage_capacity=config.fsx_storage_gib,
+            subnet_ids=[subnet.subnet_id],
+            security_group_ids=[security_group.security_group_id],
+            kms_key_id=self.key.key_id,
+            lustre_configuration=fsx.CfnFileSystem.LustreConfigurationProperty(
+                deployment_type="PERSISTENT_2",
+                per_unit_storage_throughput=config.fsx_throughput_per_tib,
+                data_compression_type="LZ4",
+                # Sunday 03:00 UTC; the S3 buckets hold the durable copy, so no FSx backups.
+                weekly_maintenance_start_time="7:03:00",
+                automatic_backup_retention_days=0,
+            ),
+        )
+        # Training data flows in from S3; files written to /fsx/data (by a data preparation
+        # job, say) flow back, but deleting a file on /fsx never deletes the source object.
+        self.data_association = self._associate(
+            "DataRepositoryAssociation",
+            path=DATA_PATH,
+            bucket=data_bucket,
+            export_events=["NEW", "CHANGED"],
+        )
+        # Checkpoints flow out to S3 as they are written, and pruned ones are removed there
+        # too (bucket versioning keeps them for a while); a new file system imports old jobs.
+        self.jobs_association = self._associate(
+            "JobsRepositoryAssociation",
+            path=JOBS_PATH,
+            bucket=checkpoint_bucket,
+            export_events=["NEW", "CHANGED", "DELETED"],
+        )
+
+    def _associate(
+        self, construct_id: str, *, path: str, bucket: s3.IBucket, export_events: list[str]
+    ) -> fsx.CfnDataRepositoryAssociation:
+        return fsx.CfnDataRepositoryAssociation(
+            self,
+            construct_id,
+            file_system_id=self.file_system.ref,
+            file_system_path=path,
+            data_repository_path=f"s3://{bucket.bucket_name}",
+            batch_import_meta_data_on_create=True,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                    events=["NEW", "CHANGED", "DELETED"]
+                ),
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                    events=export_events
+                ),
+            ),
+        )
+
+
+class StorageStack(cdk.Stack):
+    """Buckets and the shared file system: the data that outlives any set of nodes."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ClusterConfig,
+        subnet: ec2.ISubnet,
+        fsx_security_group: ec2.ISecurityGroup,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        buckets = ClusterBuckets(self, "Buckets", config=config)
+        self.access_log_bucket = buckets.access_log_bucket
+        self.data_bucket = buckets.data_bucket
+        self.checkpoint_bucket = buckets.checkpoint_bucket
+        self.compile_cache_bucket = buckets.compile_cache_bucket
+        lustre = LustreFileSystem(
+            self,
+            "Lustre",
+            config=config,
+            subnet=subnet,
+            security_group=fsx_security_group,
+            data_bucket=self.data_bucket,
+            checkpoint_bucket=self.checkpoint_bucket,
+        )
+        self.file_system = lustre.file_system
+        self.node_access_policy = self._node_access_policy(config)
+
+    def _node_access_policy(self, config: ClusterConfig) -> iam.ManagedPolicy:
+        """What the training nodes may do with the buckets: read data, read and write
+        checkpoints and the compile cache. The compute stack attaches it to the node role."""
+        cache_objects = f"{COMPILE_CACHE_PREFIX}*"
+        policy = iam.ManagedPolicy(
+            self,
+            "NodeAccessPolicy",
+            description=f"{config.cluster_name} nodes: read data, read/write checkpoints and "
+            "the Neuron compile cache",
+            statements=[
+                iam.PolicyStatement(
+                    sid="ListClusterBuckets",
+                    actions=["s3:ListBucket", "s3:GetBucketLocation"],
+                    resources=[
+                        self.data_bucket.bucket_arn,
+                        self.checkpoint_bucket.bucket_arn,
+                        self.compile_cache_bucket.bucket_arn,
+                    ],
+                ),
+                iam.PolicyStatement(
+                    sid="ReadTrainingData",
+                    actions=["s3:GetObject"],
+                    resources=[self.data_bucket.arn_for_objects("*")],
+                ),
+                iam.PolicyStatement(
+                    sid="ReadWriteCheckpoints",
+                    actions=[
+                        "s3:GetObject",
+                        "s3:PutObject",
+                        "s3:DeleteObject",
+                        "s3:AbortMultipartUpload",
+                    ],
+                    resources=[self.checkpoint_bucket.arn_for_objects("*")],
+                ),
+                iam.PolicyStatement(
+                    sid="ReadWriteCompileCache",
+                    actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                    resources=[self.compile_cache_bucket.arn_for_objects(cache_objects)],
+                ),
+            ],
+        )
+        reasons = {
+            (self.data_bucket, "*"): "Nodes read any object of this cluster's data bucket: "
+            "training data sets are chosen per job.",
+            (self.checkpoint_bucket, "*"): "Nodes write and prune checkpoints of any job in "
+            "this cluster's checkpoint bucket; job IDs are chosen at run time.",
+            (self.compile_cache_bucket, cache_objects): "The Neuron compiler reads and writes "
+            "cache entries named by graph hash, under the cache prefix only.",
+        }
+        for (bucket, objects), reason in reasons.items():
+            cfn_bucket = bucket.node.default_child
+            assert isinstance(cfn_bucket, s3.CfnBucket)
+            logical_id = self.get_logical_id(cfn_bucket)
+            acknowledge(
+                policy, f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>/{objects}]", reason
+            )
+        return policy
+
+    @property
+    def compile_cache_url(self) -> str:
+        return f"s3://{self.compile_cache_bucket.bucket_name}/{COMPILE_CACHE_PREFIX}"
