@@ -692,3 +692,29 @@ def test_bootstrap_needs_its_settings(node: FakeNode) -> None:
     )
     assert result.returncode == 1
     assert "lacks AWS_REGION FSX_DNS_NAME FSX_MOUNT_NAME TRAINING_LOG_GROUP" in result.stdout
+
+
+# --------------------------------------------------------------------- requirements_diff
+def test_requirements_plan_installs_only_what_differs_and_never_the_neuron_stack() -> None:
+    from scripts.node.requirements_diff import parse_requirements, plan
+
+    pins = parse_requirements(
+        "# comment\n-r other.txt\ntorch==2.9.0\nTransformers==5.23.0  # pinned\n"
+        "tokenizers[extra]==0.23.3\nnumpy\ntqdm==4.70.1\n"
+    )
+    assert pins == [
+        ("torch", "2.9.0"), ("Transformers", "5.23.0"), ("tokenizers", "0.23.3"),
+        ("numpy", None), ("tqdm", "4.70.1"),
+    ]  # fmt: skip
+    installed = {
+        "torch": "2.8.0+cpu",
+        "transformers": "5.23.0",
+        "tokenizers": "0.22.0",
+        "tqdm": "4.70.1",
+    }
+    install, warnings, constraints = plan(pins, installed, keep={"torch"})
+    assert install == ["tokenizers==0.23.3", "numpy"]
+    assert warnings == ["torch 2.8.0+cpu is installed, 2.9.0 is pinned: keeping 2.8.0+cpu"]
+    assert constraints == ["torch==2.8.0+cpu"]
+    # The local version label of a Neuron build does not count as a difference.
+    assert plan([("torch", "2.9.0")], {"torch": "2.9.0+cpu"}, keep=set())[0] == []
