@@ -563,3 +563,112 @@ def test_cli_rejects_train_args_for_commands_that_take_none() -> None:
     result = run_cli("status", "--", "--lr", "1")
     assert result.returncode == 2
     assert "status takes no train.py arguments after --" in result.stderr
+
+
+def test_status_lists_nodes_and_recent_commands(aws: FakeAws) -> None:
+    from scripts import cluster as cli
+
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.online(nodes, {nodes[1]["InstanceId"]: "ConnectionLost"})
+    when = datetime(2026, 5, 1, 12, 30, tzinfo=UTC)
+    for name in ("RunTraining", "Preflight", "Precompile", "StopTraining"):
+        commands = []
+        if name == "RunTraining":
+            commands = [{"CommandId": "0" * 8 + "-0000-4000-8000-000000000001",
+                         "RequestedDateTime": when, "Status": "InProgress",
+                         "Parameters": {"JobId": ["bert-1"]}}]  # fmt: skip
+        aws.stubs["ssm"].add_response(
+            "list_commands", {"Commands": commands},
+            {"Filters": [{"key": "DocumentName", "value": OUTPUTS[f"{name}DocumentName"]}],
+             "MaxResults": 8},
+        )  # fmt: skip
+    printed: list[str] = []
+    original = cli.out
+    cli.out = printed.append
+    try:
+        assert cli.cmd_status(aws.cluster()) == 0
+    finally:
+        cli.out = original
+    aws.verify()
+    assert printed[0] == "cluster trainium (stack trainium-operations): 2 x trn1.32xlarge"
+    assert printed[1] == "nodes: 2 running of 2, 0 starting"
+    assert nodes[0]["InstanceId"] in printed[2] and "ssm Online" in printed[2]
+    assert nodes[1]["InstanceId"] in printed[3] and "ssm ConnectionLost" in printed[3]
+    assert printed[4] == "recent commands:"
+    assert printed[5].split() == [
+        "2026-05-01", "12:30", "RunTraining", "bert-1", "InProgress",
+        "00000000-0000-4000-8000-000000000001",
+    ]  # fmt: skip
+
+
+def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
+    import argparse
+
+    from scripts import cluster as cli
+
+    nodes = aws.launch(2)
+    aws.stack()
+    latest = "00000000-0000-4000-8000-000000000007"
+    aws.stubs["ssm"].add_response(
+        "list_commands",
+        {"Commands": [
+            {"CommandId": latest[:-1] + "8", "Parameters": {"JobId": ["other"]}},
+            {"CommandId": latest, "Parameters": {"JobId": ["bert-1"]}},
+        ]},
+        {"Filters": [{"key": "DocumentName", "value": OUTPUTS["RunTrainingDocumentName"]}]},
+    )  # fmt: skip
+    stream = f"{latest}/{nodes[1]['InstanceId']}/RunTraining/stdout"
+    aws.stubs["logs"].add_response(
+        "describe_log_streams", {"logStreams": [{"logStreamName": stream}]},
+        {"logGroupName": OUTPUTS["TrainingLogGroupName"],
+         "logStreamNamePrefix": f"{latest}/{nodes[1]['InstanceId']}/"},
+    )  # fmt: skip
+    aws.stubs["logs"].add_response(
+        "get_log_events",
+        {"events": [{"timestamp": 1777638600000, "message": "step 10 loss 0.5\nstep 20 loss 0.4"}],
+         "nextForwardToken": "f/1"},
+        {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamName": stream,
+         "startFromHead": False, "limit": 2},
+    )  # fmt: skip
+    args = argparse.Namespace(
+        job_id="bert-1", command_id=None, node="1", lines=2, follow=False, poll_interval=1
+    )
+    printed: list[str] = []
+    original = cli.out
+    cli.out = printed.append
+    try:
+        assert cli.cmd_logs(aws.cluster(), args) == 0
+    finally:
+        cli.out = original
+    aws.verify()
+    assert printed == [
+        f"{nodes[1]['InstanceId']} 12:30:00 step 10 loss 0.5",
+        f"{nodes[1]['InstanceId']} 12:30:00 step 20 loss 0.4",
+    ]
+
+
+def test_following_survives_a_network_blip(aws: FakeAws) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
+    nodes = aws.launch(1)
+    aws.stack({**OUTPUTS, "NodeCount": "1"})
+    aws.online(nodes)
+    aws.send("RunTraining", nodes, train_parameters(nodes))
+    aws.invocation(f"00000000-0000-4000-8000-{1:012d}", nodes[0], "Success")
+    real = aws.clients.ssm.get_command_invocation
+    calls: list[dict[str, Any]] = []
+
+    def flaky(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise EndpointConnectionError(endpoint_url="https://ssm.us-east-1.amazonaws.com")
+        return real(**kwargs)
+
+    aws.clients.ssm.get_command_invocation = flaky  # type: ignore[method-assign]
+    result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    assert not isinstance(result, str)
+    assert result.ok
+    assert len(calls) == 2
+    assert "cannot reach AWS (1); trying again" in aws.lines
+    aws.verify()

@@ -52,6 +52,8 @@ CREDENTIAL_ERRORS = {
     "SignatureDoesNotMatch",
     "InvalidSignatureException",
 }
+#: Consecutive unreachable polls tolerated while following a command.
+MAX_CONNECTION_FAILURES = 30
 #: preflight.sh exits with this status when a node has a Neuron hardware fault.
 REPLACE_NODE_STATUS = 3
 
@@ -206,6 +208,7 @@ class Cluster:
         self.failure_grace = failure_grace
         self.tail_lines = tail_lines
         self._outputs: StackOutputs | None = None
+        self._connection_failures = 0
 
     # ----------------------------------------------------------------- discovery
     @property
@@ -422,6 +425,14 @@ class Cluster:
                 if error.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
                     return  # not registered yet right after send_command
                 raise
+            except EndpointConnectionError:
+                # A multi-day job outlives many network blips on the operator's side.
+                self._connection_failures += 1
+                if self._connection_failures > MAX_CONNECTION_FAILURES:
+                    raise
+                self.out(f"cannot reach AWS ({self._connection_failures}); trying again")
+                return
+        self._connection_failures = 0
         inv.status = response.get("Status", inv.status)
         inv.response_code = int(response.get("ResponseCode", -1))
         inv.stdout = response.get("StandardOutputContent", "")
