@@ -1,0 +1,164 @@
+"""ClusterConfig: parsing context values and refusing bad ones with one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stacks.config import (
+    DEFAULT_AMI_PARAMETER,
+    DEFAULT_AZ_IDS,
+    ClusterConfig,
+    ConfigError,
+    az_id_prefix,
+)
+from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CDK_JSON_CONTEXT: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+
+
+def from_context(**context: Any) -> ClusterConfig:
+    """Build a config the way app.py does, from a context of CLI-style strings."""
+    return ClusterConfig.from_context(context.get, context)
+
+
+def test_cdk_json_defaults_are_the_dataclass_defaults() -> None:
+    settings = {k: v for k, v in CDK_JSON_CONTEXT.items() if not k.startswith("@")}
+    assert ClusterConfig.from_context(settings.get, settings) == ClusterConfig()
+
+
+def test_defaults() -> None:
+    config = ClusterConfig()
+    assert config.cluster_name == "trainium"
+    assert config.region == "us-east-1"
+    assert config.az_id == "use1-az6"  # the region's trn1 zone
+    assert config.instance_type == "trn1.32xlarge"
+    assert config.node_count == 2
+    assert config.ami == DEFAULT_AMI_PARAMETER
+    assert config.retain_data is True
+    assert config.internet_egress == "nat"
+    assert config.instance is INSTANCE_TYPES["trn1.32xlarge"]
+
+
+def test_cli_strings_are_parsed() -> None:
+    config = from_context(
+        node_count="4",
+        retain_data="false",
+        capacity_block="TRUE",
+        capacity_reservation_id="cr-0123456789abcdef0",
+        fsx_storage_gib="4800",
+        region="us-west-2",
+        instance_type="trn1n.32xlarge",
+        ami="ami-0123456789abcdef0",
+        internet_egress="endpoints",
+    )
+    assert config.node_count == 4
+    assert config.retain_data is False
+    assert config.capacity_block is True
+    assert config.fsx_storage_gib == 4800
+    assert config.az_id == DEFAULT_AZ_IDS["us-west-2"]
+    assert config.instance.efa_interfaces == 16
+
+
+@pytest.mark.parametrize(
+    ("region", "prefix"),
+    [("us-east-1", "use1"), ("us-west-2", "usw2"), ("eu-north-1", "eun1"),
+     ("ap-southeast-2", "apse2"), ("us-gov-west-1", "usgw1"), ("ca-central-1", "cac1")],
+)  # fmt: skip
+def test_az_id_prefix(region: str, prefix: str) -> None:
+    assert az_id_prefix(region) == prefix
+
+
+@pytest.mark.parametrize(
+    ("context", "message"),
+    [
+        (
+            {"instance_type": "p9.96xlarge"},
+            "instance_type='p9.96xlarge' is not supported; allowed: "
+            + ", ".join(CLUSTER_INSTANCE_TYPES),
+        ),
+        ({"node_count": "0"}, "node_count=0 is out of range; allowed: 1 to 64"),
+        ({"node_count": "65"}, "node_count=65 is out of range; allowed: 1 to 64"),
+        ({"node_count": "abc"}, "node_count='abc' is not a whole number; allowed: 1 to 64"),
+        ({"node_count": "2.5"}, "node_count='2.5' is not a whole number; allowed: 1 to 64"),
+        (
+            {"az_id": "usw2-az4"},
+            "az_id='usw2-az4' is not in region=us-east-1; allowed: a zone ID of us-east-1 "
+            "(starting with use1-az), such as use1-az6",
+        ),
+        ({"az_id": "us-east-1a"}, "az_id='us-east-1a' is not an Availability Zone ID"),
+        ({"region": "eu-north-1"}, "az_id is required for region=eu-north-1"),
+        ({"region": "mars-1"}, "region='mars-1' is not allowed; allowed: an AWS region name"),
+        (
+            {"fsx_storage_gib": "2000"},
+            "fsx_storage_gib=2000 is not a size FSx for Lustre PERSISTENT_2 (SSD) allows; "
+            "allowed: 1200 or a multiple of 2400",
+        ),
+        ({"fsx_storage_gib": "600"}, "fsx_storage_gib=600 is not a size"),
+        (
+            {"fsx_throughput_per_tib": "200"},
+            "fsx_throughput_per_tib=200 is not a PERSISTENT_2 throughput tier; "
+            "allowed: 125, 250, 500, 1000",
+        ),
+        (
+            {"ami": "ami-123"},
+            "ami='ami-123' is neither an AMI ID nor an SSM parameter path; allowed: an AMI ID "
+            "(ami- and 8 or 17 hex digits)",
+        ),
+        ({"ami": "latest"}, "ami='latest' is neither an AMI ID nor an SSM parameter path"),
+        (
+            {"instance_type": "trn1.2xlarge"},
+            "node_count=2 is not allowed with instance_type=trn1.2xlarge: nodes talk over EFA "
+            "and trn1.2xlarge has no EFA interface; allowed: node_count=1",
+        ),
+        ({"root_volume_gib": "50"}, "root_volume_gib=50 is out of range; allowed: 100 to 16384"),
+        ({"capacity_reservation_id": "cr-xyz"}, "capacity_reservation_id='cr-xyz' is not a "),
+        ({"capacity_block": "true"}, "capacity_block=true is not allowed without a reservation"),
+        ({"internet_egress": "none"}, "internet_egress='none' is not allowed; allowed: nat"),
+        ({"retain_data": "maybe"}, "retain_data='maybe' is not a boolean; allowed: true or false"),
+        ({"alarm_email": "ops"}, "alarm_email='ops' is not an email address"),
+        ({"log_retention_days": "10"}, "log_retention_days=10 is not a retention"),
+        ({"cluster_name": "Trainium_1"}, "cluster_name='Trainium_1' is not allowed; allowed: "),
+        ({"cluster_name": "a" * 25}, f"cluster_name='{'a' * 25}' is not allowed; allowed: 1-24"),
+        ({"node_cout": "4"}, "node_cout is not a setting (did you mean node_count?); allowed: "),
+    ],
+)
+def test_bad_values_are_refused_with_one_line(context: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        from_context(**context)
+    text = str(raised.value)
+    assert text.startswith(message)
+    assert "\n" not in text
+
+
+def test_single_node_without_efa_is_allowed() -> None:
+    config = from_context(instance_type="trn1.2xlarge", node_count="1")
+    assert config.instance.efa_interfaces == 0
+
+
+def test_cdk_keys_are_not_mistaken_for_settings() -> None:
+    context = {
+        "@aws-cdk/core:checkSecretUsage": True,
+        "aws:cdk:enable-path-metadata": True,
+        "cli-telemetry": False,
+        "node_count": 3,
+    }
+    assert ClusterConfig.from_context(context.get, context).node_count == 3
+
+
+def test_json_types_from_cdk_json_are_accepted_but_not_coerced_wrongly() -> None:
+    with pytest.raises(ConfigError, match="node_count=True is not a whole number"):
+        ClusterConfig.from_context({"node_count": True}.get, ["node_count"])
+    with pytest.raises(ConfigError, match="cluster_name=5 is not a string"):
+        ClusterConfig.from_context({"cluster_name": 5}.get, ["cluster_name"])
+
+
+def test_names_derived_from_the_config() -> None:
+    config = from_context(cluster_name="demo")
+    assert config.auto_scaling_group_name == "demo-workers"
+    assert config.metrics_namespace == "TrainiumCluster/demo"
+    assert config.stack_name("compute") == "demo-compute"

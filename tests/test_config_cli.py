@@ -1,0 +1,84 @@
+"""Bad settings through the real command: `npx cdk synth -c key=value`.
+
+Each must end with one line from the app naming the key, the value and what is allowed, a
+non-zero exit, no Python traceback, and no cloud assembly written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+BAD_SETTINGS = [
+    pytest.param(
+        ["instance_type=trn9.huge"],
+        "error: instance_type='trn9.huge' is not supported; allowed: trn1.2xlarge, "
+        "trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
+        id="unknown-instance-type",
+    ),
+    pytest.param(
+        ["node_count=0"], "error: node_count=0 is out of range; allowed: 1 to 64", id="zero-nodes"
+    ),
+    pytest.param(
+        ["node_count=abc"],
+        "error: node_count='abc' is not a whole number; allowed: 1 to 64",
+        id="nodes-not-a-number",
+    ),
+    pytest.param(
+        ["region=us-east-1", "az_id=usw2-az4"],
+        "error: az_id='usw2-az4' is not in region=us-east-1; allowed: a zone ID of us-east-1 "
+        "(starting with use1-az), such as use1-az6",
+        id="az-of-another-region",
+    ),
+    pytest.param(
+        ["fsx_storage_gib=1000"],
+        "error: fsx_storage_gib=1000 is not a size FSx for Lustre PERSISTENT_2 (SSD) allows; "
+        "allowed: 1200 or a multiple of 2400 (2400, 4800, ...)",
+        id="fsx-size",
+    ),
+    pytest.param(
+        ["ami=ami-12345"],
+        "error: ami='ami-12345' is neither an AMI ID nor an SSM parameter path; allowed: an AMI "
+        "ID (ami- and 8 or 17 hex digits) or an SSM parameter path such as "
+        "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id",
+        id="malformed-ami",
+    ),
+    pytest.param(
+        ["instance_type=trn1.2xlarge", "node_count=4"],
+        "error: node_count=4 is not allowed with instance_type=trn1.2xlarge: nodes talk over "
+        "EFA and trn1.2xlarge has no EFA interface; allowed: node_count=1, or instance_type "
+        "trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
+        id="multi-node-without-efa",
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings", "message"), BAD_SETTINGS)
+def test_bad_setting_fails_the_synth_with_one_line(
+    settings: list[str], message: str, tmp_path: Path
+) -> None:
+    npx = shutil.which("npx")
+    assert npx is not None, "npx not found: run `make setup`"
+    outdir = tmp_path / "cdk.out"
+    context_args = [arg for setting in settings for arg in ("-c", setting)]
+    result = subprocess.run(
+        [npx, "--no-install", "cdk", "synth", "--quiet", *context_args, "--output", str(outdir)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    app_lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert app_lines == [message], output
+    assert "Traceback" not in output
+    # The CLI may create the output folder, but nothing is synthesized into it.
+    written = sorted(p.name for p in outdir.iterdir()) if outdir.exists() else []
+    assert not [name for name in written if name.endswith((".json", ".template.json"))], written
