@@ -566,6 +566,7 @@ def bootstrap_node(node: FakeNode) -> None:
     node.settings.update(
         AWS_REGION="us-east-1", FSX_DNS_NAME="fs-1.fsx.us-east-1.amazonaws.com",
         FSX_MOUNT_NAME="abcdef", TRAINING_LOG_GROUP="/trainium/training",
+        METRICS_NAMESPACE="TrainiumCluster/trainium",
         NEURON_VENV=str(node.root / "venv"),
     )  # fmt: skip
     node.write_env()
@@ -615,7 +616,8 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
     files = config["logs"]["logs_collected"]["files"]["collect_list"]
     assert {f["log_group_name"] for f in files} == {"/trainium/training"}
     unit = (node.root / "systemd" / "trainium-neuron-monitor.service").read_text()
-    assert "--namespace TrainiumCluster/Neuron --region us-east-1" in unit
+    assert "--namespace TrainiumCluster/trainium --region us-east-1" in unit
+    assert config["metrics"]["namespace"] == "TrainiumCluster/trainium"
     assert "systemctl restart trainium-neuron-monitor.service" in calls
     assert (node.state / "ready").read_text().startswith("ready ")
     log = (node.logs / "bootstrap.log").read_text()

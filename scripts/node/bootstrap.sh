@@ -15,7 +15,7 @@
 #   workload        the workload asset is unpacked at WORKLOAD_DIR
 #   compile-cache   point the Neuron persistent compile cache at COMPILE_CACHE_URL
 #   monitoring      CloudWatch agent (bootstrap and job logs, memory and disk metrics) and
-#                   neuron-monitor metrics
+#                   neuron-monitor metrics, both under METRICS_NAMESPACE
 #   ready           write the ready marker /var/lib/trainium-cluster/ready
 # Idempotent: a second run (or a run after a reboot) changes nothing that is already in
 # place. On failure it logs the failing line and leaves /var/lib/trainium-cluster/failed.
@@ -29,7 +29,6 @@ SYSTEMD_DIR="${TRAINIUM_SYSTEMD_DIR:-/etc/systemd/system}"
 CW_AGENT_DIR="${TRAINIUM_CW_AGENT_DIR:-/opt/aws/amazon-cloudwatch-agent}"
 NEURON_BIN="${TRAINIUM_NEURON_BIN:-/opt/aws/neuron/bin}"
 FAILED_MARKER="$STATE_DIR/failed"
-METRICS_NAMESPACE="TrainiumCluster"
 # Packages the Neuron venv ships; installing PyPI builds over them would break it.
 NEURON_PACKAGES="torch,torch-xla,torch-neuronx,neuronx-cc,libneuronxla,torchvision,neuronx-distributed"
 
@@ -89,6 +88,8 @@ phase_environment() {
   done
   ((${#missing[@]} == 0)) || die "$ENV_FILE lacks ${missing[*]}"
   [[ $NODE_COUNT =~ ^[1-9][0-9]*$ ]] || die "NODE_COUNT '$NODE_COUNT' in $ENV_FILE is not a number"
+  # The namespace the node role may publish metrics to (the operations dashboard reads it).
+  METRICS_NAMESPACE="${METRICS_NAMESPACE:-TrainiumCluster/$CLUSTER_NAME}"
   log "cluster $CLUSTER_NAME: $NODE_COUNT x $INSTANCE_TYPE in $AWS_REGION"
 }
 
@@ -150,7 +151,7 @@ phase_neuron() {
   fi
   export PATH="$NEURON_BIN:$PATH"
   command -v neuron-ls >/dev/null 2>&1 || die "neuron-ls not found: use a Neuron DLAMI"
-  if ! lsmod | grep -q '^neuron '; then
+  if ! grep -q '^neuron ' < <(lsmod || true); then
     log "loading the neuron kernel module"
     modprobe neuron
   fi
@@ -166,7 +167,7 @@ phase_efa() {
   fi
   command -v fi_info >/dev/null 2>&1 || export PATH="/opt/amazon/efa/bin:$PATH"
   command -v fi_info >/dev/null 2>&1 || die "fi_info not found: the EFA software is not installed"
-  fi_info -p efa -t FI_EP_RDM | grep -q 'provider: efa' ||
+  grep -q 'provider: efa' < <(fi_info -p efa -t FI_EP_RDM 2>&1 || true) ||
     die "libfabric has no EFA provider: multi-node training needs the EFA interfaces"
   log "EFA provider present"
 }
@@ -265,11 +266,11 @@ JSON
     return 0
   fi
   unit="[Unit]
-Description=neuron-monitor metrics to CloudWatch ($METRICS_NAMESPACE/Neuron)
+Description=neuron-monitor metrics to CloudWatch ($METRICS_NAMESPACE)
 After=network-online.target
 
 [Service]
-ExecStart=/bin/bash -c '$NEURON_BIN/neuron-monitor | $NEURON_VENV/bin/python $monitor --namespace $METRICS_NAMESPACE/Neuron --region $AWS_REGION'
+ExecStart=/bin/bash -c '$NEURON_BIN/neuron-monitor | $NEURON_VENV/bin/python $monitor --namespace $METRICS_NAMESPACE --region $AWS_REGION'
 Restart=always
 RestartSec=30
 
@@ -279,7 +280,7 @@ WantedBy=multi-user.target"
     systemctl daemon-reload
     systemctl enable trainium-neuron-monitor.service
     systemctl restart trainium-neuron-monitor.service
-    log "neuron-monitor publishes to CloudWatch namespace $METRICS_NAMESPACE/Neuron"
+    log "neuron-monitor publishes to CloudWatch namespace $METRICS_NAMESPACE"
   else
     systemctl is-active --quiet trainium-neuron-monitor.service ||
       systemctl start trainium-neuron-monitor.service

@@ -91,7 +91,7 @@ check_neuron() {
     fi
     return
   fi
-  if ! lsmod 2>/dev/null | grep -q '^neuron '; then
+  if ! grep -q '^neuron ' < <(lsmod 2>/dev/null || true); then
     fail neuron-driver "the neuron kernel module is not loaded (modprobe neuron; check the aws-neuronx-dkms package)"
   else
     pass neuron-driver "neuron module loaded (version $(cat /sys/module/neuron/version 2>/dev/null || echo unknown))"
@@ -114,7 +114,7 @@ print(len(devices), cores, ",".join(busy) or "-")
   else
     pass neuron "$devices Neuron devices, $cores NeuronCores, all idle"
   fi
-  if dmesg 2>/dev/null | grep -q 'NEURON_HW_ERR'; then
+  if grep -q 'NEURON_HW_ERR' < <(dmesg 2>/dev/null || true); then
     fail neuron-hardware "kernel log reports NEURON_HW_ERR: $(dmesg | grep 'NEURON_HW_ERR' | tail -n 1)"
     replace_node=1
   else
