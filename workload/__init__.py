@@ -12,3 +12,10 @@ the modules are split by concern:
 - ``checkpoint``: atomic, portable checkpoints and automatic resume.
 - ``metrics``: JSON lines, TensorBoard and progress output.
 """
+
+import os as _os
+
+#: PJRT_DEVICE as the user set it. Importing transformers' model code imports torch-xla
+#: when it is installed, and torch-xla then sets PJRT_DEVICE=CPU itself, so device
+#: auto-detection reads this snapshot, taken when the package is first imported.
+PJRT_DEVICE_AT_START = _os.environ.get("PJRT_DEVICE")

@@ -87,7 +87,9 @@ def resolve_device_kind(requested: str) -> str:
         return requested
     # XLA only when it is clearly wanted: a Neuron device, or PJRT_DEVICE set by the user.
     # A laptop that merely has torch-xla installed still trains eagerly.
-    if _torch_xla_installed() and (os.environ.get("PJRT_DEVICE") or _neuron_present()):
+    from . import PJRT_DEVICE_AT_START
+
+    if _torch_xla_installed() and (PJRT_DEVICE_AT_START or _neuron_present()):
         return "xla"
     if torch.cuda.is_available():
         return "cuda"

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -101,15 +102,22 @@ class TrainStep:
         backend: Backend,
         *,
         max_grad_norm: float = 1.0,
+        compile: bool | None = None,
     ) -> None:
+        """``compile``: run the forward through ``torch.compile`` (None = on for cuda only;
+        never under xla, which compiles the whole step already)."""
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.backend = backend
         self.max_grad_norm = max_grad_norm
         self._parameters = [p for p in model.parameters() if p.requires_grad]
+        wanted = backend.kind == "cuda" if compile is None else compile
+        self.compiled = bool(wanted) and backend.kind != "xla"
+        self._forward: Callable[..., Any] = torch.compile(model) if self.compiled else model
         self._loss_sum = self._zero()
         self._loss_count = 0
+        self.last_lr = float(optimizer.param_groups[0]["lr"])
 
     def _zero(self) -> torch.Tensor:
         # Made on the host and copied over, so the running sum is always device *data*
@@ -119,7 +127,7 @@ class TrainStep:
     def __call__(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         self.model.train()
         with self.backend.autocast():
-            outputs = self.model(**model_inputs(batch))
+            outputs = self._forward(**model_inputs(batch))
         loss = outputs.loss
         loss.backward()
         loss = loss.detach().float()
@@ -128,6 +136,7 @@ class TrainStep:
         self.backend.sync()  # graph 1: forward + backward
         self.backend.optimizer_step(self.optimizer, self._parameters, self.max_grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
+        self.last_lr = float(self.optimizer.param_groups[0]["lr"])
         if self.scheduler is not None:
             self.scheduler.step()
         self.backend.sync()  # graph 2: all-reduce + optimizer update
@@ -141,10 +150,6 @@ class TrainStep:
         self._loss_sum = self._zero()
         self._loss_count = 0
         return value
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
 
 
 @dataclass(frozen=True)

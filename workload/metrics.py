@@ -1,0 +1,96 @@
+"""Metrics output: JSON lines, TensorBoard, and a progress bar or periodic log lines.
+
+``OUTPUT/metrics.jsonl`` gets one JSON object per line, each with an ``event`` key:
+``train`` (step, loss, lr, samples_per_second, tokens_per_second, ...), ``eval`` (step,
+eval_loss, eval_accuracy), ``resume`` (step, checkpoint) and a final ``summary``. The
+same numbers go to TensorBoard under ``OUTPUT/tensorboard``. Only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Infinity: non-finite floats become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+class MetricsLogger:
+    """Write metrics on the main rank; a no-op elsewhere."""
+
+    def __init__(
+        self, output: Path, *, enabled: bool, total_steps: int, initial_step: int = 0
+    ) -> None:
+        self.enabled = enabled
+        self._file = None
+        self._tensorboard: Any = None
+        self._bar: Any = None
+        if not enabled:
+            return
+        output.mkdir(parents=True, exist_ok=True)
+        self._file = (output / METRICS_FILE).open("a", encoding="utf-8")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(log_dir=str(output / "tensorboard"))
+        except ImportError:
+            log.warning("tensorboard is not installed: no TensorBoard event files")
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True
+            )
+
+    def write(self, event: str, **fields: Any) -> None:
+        """One JSON line (and TensorBoard scalars for the numeric fields)."""
+        if not self.enabled or self._file is None:
+            return
+        record = _clean({"event": event, "time": round(time.time(), 3), **fields})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        step = fields.get("step")
+        if self._tensorboard is not None and isinstance(step, int):
+            for key, value in fields.items():
+                numeric = isinstance(value, int | float) and not isinstance(value, bool)
+                if key != "step" and numeric and math.isfinite(value):
+                    self._tensorboard.add_scalar(f"{event}/{key}", value, step)
+
+    def progress(self, step: int, text: str) -> None:
+        """Advance the bar to ``step`` showing ``text``; without a terminal, log ``text``."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            self._bar.set_postfix_str(text, refresh=False)
+        else:
+            log.info("%s", text)
+
+    def advance(self, step: int) -> None:
+        """Move the bar to ``step`` (every step; nothing without a terminal)."""
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
