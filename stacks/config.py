@@ -135,11 +135,16 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         self._require(bool(_CLUSTER_NAME_RE.match(self.cluster_name)), "cluster_name")
         self._require(bool(_REGION_RE.match(self.region)), "region")
-        self._check_az_id()
         self._require(
             self.instance_type in CLUSTER_INSTANCE_TYPES, "instance_type", "not supported"
         )
         object.__setattr__(self, "instance", INSTANCE_TYPES[self.instance_type])
+        if self.instance.regions and self.region not in self.instance.regions:
+            raise ConfigError(
+                f"instance_type={self.instance_type} is not offered in region={self.region}; "
+                f"allowed: region {' or '.join(self.instance.regions)}"
+            )
+        self._check_az_id()
         self._require(1 <= self.node_count <= MAX_NODES, "node_count", "out of range")
         if self.node_count > 1 and not self.instance.supports_multi_node:
             with_efa = [t for t in CLUSTER_INSTANCE_TYPES if INSTANCE_TYPES[t].supports_multi_node]

@@ -34,6 +34,9 @@ class InstanceTypeSpec:
     bf16_tflops_per_device: float
     #: On-demand $/h in PRICE_REGION, or None where no price was published when taken.
     on_demand_usd_per_hour: float | None
+    #: Regions that offered the type when PRICES_AS_OF was taken (the EC2 pricing data that
+    #: cfn-lint also ships); empty where not tracked. The cluster config refuses other regions.
+    regions: tuple[str, ...] = ()
 
     @property
     def is_trainium(self) -> bool:
@@ -64,6 +67,7 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 efa_interfaces=0,
                 bf16_tflops_per_device=95.0,
                 on_demand_usd_per_hour=1.34,
+                regions=("us-east-1", "us-east-2", "us-west-2"),
             ),
             InstanceTypeSpec(
                 name="trn1.32xlarge",
@@ -77,6 +81,7 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 efa_interfaces=8,
                 bf16_tflops_per_device=95.0,
                 on_demand_usd_per_hour=21.50,
+                regions=("us-east-1", "us-east-2", "us-west-2"),
             ),
             InstanceTypeSpec(
                 name="trn1n.32xlarge",
@@ -90,6 +95,7 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 efa_interfaces=16,
                 bf16_tflops_per_device=95.0,
                 on_demand_usd_per_hour=24.78,
+                regions=("us-east-1", "us-east-2", "us-west-2"),
             ),
             InstanceTypeSpec(
                 name="trn2.48xlarge",
@@ -105,6 +111,7 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 efa_interfaces=16,
                 bf16_tflops_per_device=166.75,  # 667 TFLOP/s dense bf16 per chip / 4
                 on_demand_usd_per_hour=None,
+                regions=("us-east-2", "ap-south-2"),
             ),
             InstanceTypeSpec(
                 name="p4d.24xlarge",

@@ -29,8 +29,8 @@ from stacks.log_groups import allow_cloudwatch_logs, retention
 from stacks.storage import StorageStack
 
 SSM_DOCUMENTS_DIR = Path(__file__).resolve().parent / "ssm_documents"
-#: Metric that the nodes publish from neuron-monitor (percent busy, per NeuronCore).
-NEURONCORE_UTILIZATION_METRIC = "NeuronCoreUtilization"
+#: Search term for the NeuronCore utilization (percent busy) that neuron-monitor publishes.
+NEURONCORE_UTILIZATION_TERM = "utilization"
 FIVE_MINUTES = cdk.Duration.minutes(5)
 ONE_MINUTE = cdk.Duration.minutes(1)
 
@@ -163,12 +163,15 @@ class OperationsStack(cdk.Stack):
         )
 
     def _neuroncore_utilization(self) -> cloudwatch.MathExpression:
-        # The nodes publish per instance and per core; a search finds whatever dimensions the
-        # collector adds, so the dashboard does not depend on them.
+        # neuron-monitor-cloudwatch.py (started by bootstrap.sh) publishes per-instance and
+        # per-core series under the cluster's namespace; a search finds them whatever
+        # dimensions and exact metric name the DLAMI's version of the script uses. Within that
+        # namespace only NeuronCore utilization matches "utilization" (the CloudWatch agent's
+        # own metrics there are *_used_percent).
         return cloudwatch.MathExpression(
             expression=(
                 f'SEARCH(\'Namespace="{self.config.metrics_namespace}" '
-                f"MetricName=\"{NEURONCORE_UTILIZATION_METRIC}\"', 'Average', 60)"
+                f"{NEURONCORE_UTILIZATION_TERM}', 'Average', 60)"
             ),
             label="NeuronCore utilization",
             period=ONE_MINUTE,

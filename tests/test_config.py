@@ -91,7 +91,20 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
             "(starting with use1-az), such as use1-az6",
         ),
         ({"az_id": "us-east-1a"}, "az_id='us-east-1a' is not an Availability Zone ID"),
-        ({"region": "eu-north-1"}, "az_id is required for region=eu-north-1"),
+        (
+            {"instance_type": "trn2.48xlarge"},
+            "instance_type=trn2.48xlarge is not offered in region=us-east-1; allowed: region "
+            "us-east-2 or ap-south-2",
+        ),
+        (
+            {"instance_type": "trn2.48xlarge", "region": "ap-south-2"},
+            "az_id is required for region=ap-south-2",
+        ),
+        (
+            {"region": "eu-north-1"},
+            "instance_type=trn1.32xlarge is not offered in region=eu-north-1; allowed: region "
+            "us-east-1 or us-east-2 or us-west-2",
+        ),
         ({"region": "mars-1"}, "region='mars-1' is not allowed; allowed: an AWS region name"),
         (
             {"fsx_storage_gib": "2000"},

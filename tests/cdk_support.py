@@ -1,0 +1,146 @@
+"""Synthesizing the cluster in-process for the stack tests, once per configuration.
+
+A synth with both cdk-nag packs takes 10+ seconds, so each configuration is synthesized once per
+test session and shared by every test module that asks for it. The app gets the same context as
+`npx cdk synth` (cdk.json), so what the tests see is what the CLI deploys.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk.assertions import Template
+
+from stacks.cluster import Cluster, build_cluster
+from stacks.config import ClusterConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CDK_CONTEXT: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+STACK_PARTS = ("network", "storage", "operations", "compute")
+
+_OUT_ROOT = Path(tempfile.mkdtemp(prefix="cdk-synth-"))
+atexit.register(shutil.rmtree, _OUT_ROOT, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Synth:
+    """One synthesized cluster: its config, stacks, template files and parsed templates."""
+
+    config: ClusterConfig
+    cluster: Cluster
+    outdir: Path
+    templates: dict[str, dict[str, Any]]  # by stack part: "network", "storage", ...
+
+    def template(self, part: str) -> Template:
+        return Template.from_json(self.templates[part])
+
+    def template_paths(self) -> list[Path]:
+        return [
+            self.outdir / f"{self.config.cluster_name}-{part}.template.json" for part in STACK_PARTS
+        ]
+
+
+def synth(**overrides: Any) -> Synth:
+    """The cluster synthesized with cdk.json's context plus `overrides` (cached per overrides)."""
+    return _synth(tuple(sorted(overrides.items())))
+
+
+@functools.cache
+def _synth(overrides: tuple[tuple[str, Any], ...]) -> Synth:
+    outdir = _OUT_ROOT / f"synth-{len(list(_OUT_ROOT.iterdir()))}"
+    app = cdk.App(context={**CDK_CONTEXT, **dict(overrides)}, outdir=str(outdir))
+    config = ClusterConfig.from_context(app.node.try_get_context, app.node.get_all_context())
+    cluster = build_cluster(app, config)
+    assembly = app.synth()  # runs both cdk-nag packs; raises on an unacknowledged finding
+    templates = {
+        part: assembly.get_stack_by_name(f"{config.cluster_name}-{part}").template
+        for part in STACK_PARTS
+    }
+    return Synth(config=config, cluster=cluster, outdir=outdir, templates=templates)
+
+
+def cfn_lint(paths: list[Path], *, region: str) -> list[dict[str, Any]]:
+    """cfn-lint's findings (all levels) for templates deployed to `region`, as parsed JSON."""
+    cfn_lint_bin = Path(sys.executable).parent / "cfn-lint"
+    result = subprocess.run(
+        [str(cfn_lint_bin), "--format", "json", "--regions", region, "--", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    # Exit status is a bit mask: 2 errors, 4 warnings, 8 informational; 1 means it crashed.
+    assert result.returncode & 1 == 0, result.stderr
+    findings: list[dict[str, Any]] = json.loads(result.stdout or "[]")
+    return findings
+
+
+def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
+    """The resources of one type in a template, by logical ID."""
+    return {
+        logical_id: resource
+        for logical_id, resource in template["Resources"].items()
+        if resource["Type"] == resource_type
+    }
+
+
+def only_resource(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
+    found = list(resources(template, resource_type).values())
+    assert len(found) == 1, f"expected one {resource_type}, found {len(found)}"
+    return found[0]
+
+
+def flatten(value: Any) -> str:
+    """A CloudFormation value as text, intrinsic functions rendered as JSON (for searching)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+        separator, parts = value["Fn::Join"]
+        return separator.join(flatten(part) for part in parts)
+    if isinstance(value, dict) and set(value) == {"Fn::Base64"}:
+        return flatten(value["Fn::Base64"])
+    return json.dumps(value, sort_keys=True)
+
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def mask_volatile(*, data: Any, path: Any) -> Any:
+    """syrupy matcher: asset hashes (and the S3 keys built from them) change with every edit
+    of scripts/node, workload/ or aws-cdk-lib's bundled handlers; mask them. The SSM documents'
+    content is owned and tested with stacks/ssm_documents/; only its origin is snapshotted."""
+    if isinstance(data, str):
+        return _HASH.sub("<asset-hash>", data)
+    keys = [str(name) for name, _ in path]
+    if len(keys) >= 3 and keys[-2:] == ["Properties", "Content"] and keys[-3].endswith("Document"):
+        return f"<stacks/ssm_documents/{keys[-3].removesuffix('Document')}.yaml>"
+    return data
+
+
+#: One synth that flips every switch away from its default, shared by the stack tests.
+ALTERNATIVE_SETTINGS: dict[str, str] = {
+    "cluster_name": "research",
+    "region": "us-west-2",
+    "internet_egress": "endpoints",
+    "retain_data": "false",
+    "capacity_reservation_id": "cr-0123456789abcdef0",
+    "capacity_block": "true",
+    "ami": "ami-0123456789abcdef0",
+    "alarm_email": "ops@example.com",
+    "node_count": "4",
+}
+
+
+def alternative() -> Synth:
+    return synth(**ALTERNATIVE_SETTINGS)

@@ -1,0 +1,117 @@
+"""Operations stack: SSM documents from stacks/ssm_documents, logs, dashboard, alarms, outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cdk_support import Synth, alternative, flatten, only_resource, resources, synth
+
+SSM_DOCUMENTS_DIR = Path(__file__).resolve().parent.parent / "stacks" / "ssm_documents"
+CONTRACT_OUTPUTS = (
+    "ClusterName",
+    "ClusterTagKey",
+    "NodeCount",
+    "InstanceType",
+    "AutoScalingGroupName",
+    "RunTrainingDocumentName",
+    "PreflightDocumentName",
+    "PrecompileDocumentName",
+    "StopTrainingDocumentName",
+    "TrainingLogGroupName",
+    "DataBucketName",
+    "CheckpointBucketName",
+    "CompileCacheBucketName",
+    "FsxMountName",
+    "FsxDnsName",
+    "AlarmTopicArn",
+    "DashboardName",
+)
+
+
+@pytest.fixture(scope="module")
+def default() -> Synth:
+    return synth()
+
+
+def test_every_yaml_file_becomes_a_command_document(default: Synth) -> None:
+    template = default.templates["operations"]
+    files = sorted(SSM_DOCUMENTS_DIR.glob("*.yaml"))
+    assert {p.stem for p in files} >= {"RunTraining", "Preflight", "Precompile", "StopTraining"}
+    documents = resources(template, "AWS::SSM::Document")
+    assert set(documents) == {f"{p.stem}Document" for p in files}
+    for path in files:
+        props = documents[f"{path.stem}Document"]["Properties"]
+        assert props["DocumentType"] == "Command"
+        assert "Name" not in props  # named by CloudFormation; operators read the outputs
+        assert props["Content"] == yaml.safe_load(path.read_text())
+
+
+def test_outputs_carry_what_the_operator_tooling_reads(default: Synth) -> None:
+    outputs = default.templates["operations"]["Outputs"]
+    assert set(CONTRACT_OUTPUTS) <= set(outputs)
+    assert outputs["ClusterName"]["Value"] == "trainium"
+    assert outputs["ClusterTagKey"]["Value"] == "trainium-cluster:name"
+    assert outputs["NodeCount"]["Value"] == "2"
+    assert outputs["InstanceType"]["Value"] == "trn1.32xlarge"
+    assert outputs["AutoScalingGroupName"]["Value"] == "trainium-workers"
+    assert outputs["RunTrainingDocumentName"]["Value"] == {"Ref": "RunTrainingDocument"}
+    assert "LustreMountName" in flatten(outputs["FsxMountName"]["Value"])
+
+
+def test_training_log_group_is_encrypted_with_retention(default: Synth) -> None:
+    group = only_resource(default.templates["operations"], "AWS::Logs::LogGroup")
+    assert group["Properties"]["RetentionInDays"] == 365
+    assert "OperationsKey" in flatten(group["Properties"]["KmsKeyId"])
+    assert group["DeletionPolicy"] == "Retain"
+
+
+def test_alarm_topic_is_encrypted_and_tls_only(default: Synth) -> None:
+    template = default.templates["operations"]
+    topic = only_resource(template, "AWS::SNS::Topic")["Properties"]
+    assert "OperationsKey" in flatten(topic["KmsMasterKeyId"])
+    policy = only_resource(template, "AWS::SNS::TopicPolicy")["Properties"]["PolicyDocument"]
+    assert any(
+        s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        for s in policy["Statement"]
+    )
+    assert not resources(template, "AWS::SNS::Subscription")
+
+
+def test_alarm_email_subscribes_to_the_topic() -> None:
+    alternative().template("operations").has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ops@example.com"}
+    )
+
+
+def test_alarms_notify_the_topic(default: Synth) -> None:
+    template = default.templates["operations"]
+    alarms = resources(template, "AWS::CloudWatch::Alarm")
+    assert len(alarms) == 3
+    (topic_id,) = resources(template, "AWS::SNS::Topic")
+    for alarm in alarms.values():
+        assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
+    metrics = {}
+    for alarm in alarms.values():
+        props = alarm["Properties"]
+        # An alarm on a labelled metric is rendered as a one-query metric math alarm.
+        metric = props["Metrics"][0]["MetricStat"]["Metric"] if "Metrics" in props else props
+        metrics[metric["MetricName"]] = (props, metric)
+    props, metric = metrics["GroupInServiceInstances"]
+    assert props["Threshold"] == 2
+    assert props["ComparisonOperator"] == "LessThanThreshold"
+    assert metric["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "trainium-workers"}]
+    assert set(metrics) == {"GroupInServiceInstances", "StatusCheckFailed",
+                            "FreeDataStorageCapacity"}  # fmt: skip
+
+
+def test_dashboard_shows_neuroncores_cpu_network_and_fsx(default: Synth) -> None:
+    dashboard = only_resource(default.templates["operations"], "AWS::CloudWatch::Dashboard")
+    body = flatten(dashboard["Properties"]["DashboardBody"])
+    assert """SEARCH('Namespace=\\"TrainiumCluster/trainium\\" utilization'""" in body
+    for metric in ("CPUUtilization", "NetworkIn", "NetworkOut", "DataReadBytes", "DataWriteBytes"):
+        assert f'"{metric}"' in body, metric
+    json.loads(json.dumps(body))  # the body is one string CloudWatch parses

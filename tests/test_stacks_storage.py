@@ -1,0 +1,148 @@
+"""Storage stack: encrypted, TLS-only buckets; FSx for Lustre linked to S3; data kept on destroy."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.cdk_support import Synth, alternative, flatten, only_resource, resources, synth
+
+KEPT_BUCKETS = ("DataBucket", "CheckpointBucket", "AccessLogBucket")
+
+
+@pytest.fixture(scope="module")
+def default() -> Synth:
+    return synth()
+
+
+def _bucket_id(template: dict[str, Any], name: str) -> str:
+    (logical_id,) = [i for i in resources(template, "AWS::S3::Bucket") if name in i]
+    return logical_id
+
+
+def _arn(logical_id: str) -> str:
+    return json.dumps({"Fn::GetAtt": [logical_id, "Arn"]}, sort_keys=True)
+
+
+def test_four_buckets_all_encrypted_and_private(default: Synth) -> None:
+    buckets = resources(default.templates["storage"], "AWS::S3::Bucket")
+    assert len(buckets) == 4
+    for logical_id, bucket in buckets.items():
+        props = bucket["Properties"]
+        rule = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+        algorithm = rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"]
+        # Server access logs can only be delivered to an SSE-S3 bucket; the rest use KMS.
+        expected = "AES256" if "AccessLog" in logical_id else "aws:kms"
+        assert algorithm == expected, logical_id
+        assert props["PublicAccessBlockConfiguration"] == {
+            "BlockPublicAcls": True,
+            "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True,
+            "RestrictPublicBuckets": True,
+        }
+
+
+def test_every_bucket_policy_refuses_requests_without_tls(default: Synth) -> None:
+    template = default.templates["storage"]
+    policies = resources(template, "AWS::S3::BucketPolicy").values()
+    protected = set()
+    for policy in policies:
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if (
+                statement["Effect"] == "Deny"
+                and statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+                and statement["Principal"] == {"AWS": "*"}
+            ):
+                protected.add(policy["Properties"]["Bucket"]["Ref"])
+    assert protected == set(resources(template, "AWS::S3::Bucket"))
+
+
+def test_data_and_checkpoints_are_versioned_and_logged(default: Synth) -> None:
+    template = default.templates["storage"]
+    for name in ("DataBucket", "CheckpointBucket"):
+        props = template["Resources"][_bucket_id(template, name)]["Properties"]
+        assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+        assert props["LoggingConfiguration"]["DestinationBucketName"] == {
+            "Ref": _bucket_id(template, "AccessLogBucket")
+        }
+        rules = {r["Id"]: r for r in props["LifecycleConfiguration"]["Rules"]}
+        assert "NoncurrentVersionExpiration" in rules["ExpireOldVersions"]
+        assert "AbortIncompleteMultipartUpload" in rules["AbortIncompleteUploads"]
+
+
+def test_compile_cache_expires_old_entries(default: Synth) -> None:
+    template = default.templates["storage"]
+    props = template["Resources"][_bucket_id(template, "CompileCacheBucket")]["Properties"]
+    rules = {r["Id"]: r for r in props["LifecycleConfiguration"]["Rules"]}
+    assert rules["ExpireOldCacheEntries"]["Prefix"] == "neuron-compile-cache/"
+    assert rules["ExpireOldCacheEntries"]["ExpirationInDays"] == 90
+
+
+def test_data_survives_destroy_by_default(default: Synth) -> None:
+    template = default.templates["storage"]
+    for name in KEPT_BUCKETS:
+        assert template["Resources"][_bucket_id(template, name)]["DeletionPolicy"] == "Retain"
+    cache = template["Resources"][_bucket_id(template, "CompileCacheBucket")]
+    assert cache["DeletionPolicy"] == "Delete"
+
+
+def test_retain_data_false_deletes_the_buckets_on_destroy() -> None:
+    template = alternative().templates["storage"]
+    for name in KEPT_BUCKETS:
+        assert template["Resources"][_bucket_id(template, name)]["DeletionPolicy"] == "Delete"
+    emptied = {
+        r["Properties"]["BucketName"]["Ref"]
+        for r in resources(template, "Custom::S3AutoDeleteObjects").values()
+    }
+    assert emptied == set(resources(template, "AWS::S3::Bucket"))
+
+
+def test_lustre_is_persistent_2_lz4_encrypted_in_the_cluster_subnet(default: Synth) -> None:
+    file_system = only_resource(default.templates["storage"], "AWS::FSx::FileSystem")
+    props = file_system["Properties"]
+    assert props["FileSystemType"] == "LUSTRE"
+    assert props["StorageCapacity"] == 1200
+    assert "LustreKey" in props["KmsKeyId"]["Ref"]  # the stack's own rotating key
+    lustre = props["LustreConfiguration"]
+    assert lustre["DeploymentType"] == "PERSISTENT_2"
+    assert lustre["DataCompressionType"] == "LZ4"
+    assert lustre["PerUnitStorageThroughput"] == 250
+    assert len(props["SubnetIds"]) == 1
+    assert "ClusterSubnet" in flatten(props["SubnetIds"][0])
+
+
+def test_data_repository_associations_link_data_and_jobs(default: Synth) -> None:
+    template = default.templates["storage"]
+    links = {
+        r["Properties"]["FileSystemPath"]: r["Properties"]
+        for r in resources(template, "AWS::FSx::DataRepositoryAssociation").values()
+    }
+    assert set(links) == {"/data", "/jobs"}
+    assert flatten(links["/data"]["DataRepositoryPath"]) == (
+        's3://{"Ref": "' + _bucket_id(template, "DataBucket") + '"}'
+    )
+    assert flatten(links["/jobs"]["DataRepositoryPath"]) == (
+        's3://{"Ref": "' + _bucket_id(template, "CheckpointBucket") + '"}'
+    )
+    # Checkpoints reach S3 as they are written, deletions included (versioning keeps them).
+    assert links["/jobs"]["S3"]["AutoExportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
+    assert "DELETED" not in links["/data"]["S3"]["AutoExportPolicy"]["Events"]
+
+
+def test_node_access_policy_names_each_bucket(default: Synth) -> None:
+    template = default.templates["storage"]
+    policy = only_resource(template, "AWS::IAM::ManagedPolicy")
+    statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    data, checkpoints, cache = (
+        _bucket_id(template, n) for n in ("DataBucket", "CheckpointBucket", "CompileCacheBucket")
+    )
+    assert flatten(statements["ReadTrainingData"]["Resource"]) == (_arn(data) + "/*")
+    assert statements["ReadTrainingData"]["Action"] == "s3:GetObject"
+    assert flatten(statements["ReadWriteCheckpoints"]["Resource"]) == (_arn(checkpoints) + "/*")
+    assert flatten(statements["ReadWriteCompileCache"]["Resource"]) == (
+        _arn(cache) + "/neuron-compile-cache/*"
+    )
+    for statement in statements.values():
+        assert statement["Resource"] != "*"
