@@ -52,7 +52,7 @@ demo: setup  ## Synthesize the cluster, then train the workload locally as a 2-n
 	$(BIN)/python scripts/cluster.py rehearse --nodes 2 --output $(DEMO_DIR)
 	@echo
 	@echo "CloudFormation templates: $(CURDIR)/cdk.out/*.template.json"
-	@echo "Training metrics:         $(CURDIR)/$(DEMO_DIR)/job/metrics.jsonl"
+	@echo "Training metrics:         $(CURDIR)/$(DEMO_DIR)/jobs/rehearsal/metrics.jsonl"
 
 lint: setup
 	$(BIN)/ruff check .

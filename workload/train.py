@@ -447,7 +447,7 @@ class Run:
                 "config": self.config.to_dict(),
                 "eval_accuracy": self.last_eval.accuracy if self.last_eval else None,
                 "device": self.backend.description,
-                "torch_version": torch.__version__,
+                "torch_version": str(torch.__version__),
             }
             path = save_checkpoint(
                 self.output,
