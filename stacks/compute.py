@@ -191,8 +191,14 @@ class ClusterNodes(Construct):
             # A CloudFormation parameter resolved at deploy time: every node launched from this
             # template version runs the same image, even when the parameter moves on.
             image_id = ec2.MachineImage.from_ssm_parameter(config.ami).get_image(self).image_id
-        self.placement_group = ec2.PlacementGroup(
-            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+        # Nodes of a Capacity Block are already placed close together (EC2 UltraClusters) and
+        # launch where the block is; everything else goes into a cluster placement group.
+        self.placement_group = (
+            None
+            if config.capacity_block
+            else ec2.PlacementGroup(
+                self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+            )
         )
         capacity = None
         market = None
@@ -259,7 +265,9 @@ class ClusterNodes(Construct):
             max_size=str(config.node_count),
             desired_capacity=str(config.node_count),
             vpc_zone_identifier=[subnet.subnet_id],
-            placement_group=self.placement_group.placement_group_name,
+            placement_group=self.placement_group.placement_group_name
+            if self.placement_group
+            else None,
             launch_template=autoscaling.CfnAutoScalingGroup.LaunchTemplateSpecificationProperty(
                 launch_template_id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number,

@@ -86,7 +86,7 @@ class ClusterVpc(Construct):
         self.cluster_subnet = self.vpc.select_subnets(subnet_group_name="Cluster").subnets[0]
         if nat:
             acknowledge(
-                self.vpc.public_subnets[0],
+                self.vpc.public_subnets[0].node.find_child("DefaultRoute"),
                 "NIST.800.53.R5-VPCNoUnrestrictedRouteToIGW",
                 "The public subnet holds only the NAT gateway, which needs a route to the "
                 "internet gateway; the nodes' private subnet routes through the NAT gateway.",

@@ -87,12 +87,19 @@ def test_ami_comes_from_the_dlami_parameter_at_deploy_time(default: Synth) -> No
 
 
 def test_pinned_ami_and_capacity_block() -> None:
-    data = launch_template_data(alternative())
+    synthesized = alternative()
+    data = launch_template_data(synthesized)
     assert data["ImageId"] == "ami-0123456789abcdef0"
     assert data["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}
     }
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    # A Capacity Block places its instances itself: no placement group of ours.
+    template = synthesized.templates["compute"]
+    assert not resources(template, "AWS::EC2::PlacementGroup")
+    group = only_resource(template, "AWS::AutoScaling::AutoScalingGroup")["Properties"]
+    assert "PlacementGroup" not in group
+    assert group["DesiredCapacity"] == "4"
 
 
 def test_no_reservation_by_default(default: Synth) -> None:
