@@ -197,23 +197,23 @@ def estimate(
 def train_seconds_for(
     cand: Candidate, work: Work, unit: str, main: tuple[Candidate, float] | None
 ) -> float | None:
-    """Training time (compile excluded): measured, from work / throughput, or scaled from main."""
+    """Training time (compile excluded): measured; scaled from the main run's measured time
+    by the throughput ratio (its overheads scale alike); or work / throughput."""
     if cand.seconds is not None:
         return cand.seconds
     if cand.throughput is None:
         return None
-    if work.amount is not None:
-        amount = work.convert(work.amount, work.unit, _WORK_OF_UNIT[unit])
-        if amount is None:
-            raise EstimateError(
-                f"cannot turn {work.unit} into {_WORK_OF_UNIT[unit]} for a throughput in {unit}: "
-                "give --batch-size (samples per step) and/or --tokens-per-sample"
-            )
-        return amount / cand.throughput
-    if main is not None and main[0].throughput:
-        # Same work as the main run, which gave a measured time and a throughput.
+    if main is not None and main[0].seconds is not None and main[0].throughput:
         return main[1] * main[0].throughput / cand.throughput
-    return None
+    if work.amount is None:
+        return None
+    amount = work.convert(work.amount, work.unit, _WORK_OF_UNIT[unit])
+    if amount is None:
+        raise EstimateError(
+            f"cannot turn {work.unit} into {_WORK_OF_UNIT[unit]} for a throughput in {unit}: "
+            "give --batch-size (samples per step) and/or --tokens-per-sample"
+        )
+    return amount / cand.throughput
 
 
 def compare(main: Estimate, main_cand: Candidate, other: Estimate, ocand: Candidate) -> Comparison:
@@ -247,25 +247,30 @@ def break_even(main: Estimate, main_cand: Candidate, ocand: Candidate) -> float 
 
 @dataclass(frozen=True)
 class RunMetrics:
-    """What a trainer's metrics.jsonl says about a finished (or running) job."""
+    """What workload/train.py's metrics.jsonl says about a job."""
 
-    samples_per_second: float
-    tokens_per_second: float | None
-    seconds: float | None
-    samples: float | None
-    compile_seconds: float | None
+    samples_per_second: float  # whole job, after warm-up
+    tokens_per_sample: float | None
+    seconds: float | None  # wall time of the run: start-up, compilation, evaluation included
+    samples: float | None  # samples trained (all processes)
+    processes: int | None  # world size
+    resumed: bool
 
 
-def _number(record: dict[str, Any], *keys: str) -> float | None:
-    for key in keys:
-        value = record.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            return float(value)
+def _number(record: dict[str, Any], key: str) -> float | None:
+    value = record.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
     return None
 
 
+def _positive_numbers(*values: Any) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values)
+
+
 def read_metrics(path: Path) -> RunMetrics:
-    """Read throughput, time, samples and compile time from the trainer's JSON lines."""
+    """Throughput, time and samples from the "summary" line (or, for a job still running,
+    the "train" lines) of the trainer's metrics."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -285,25 +290,39 @@ def read_metrics(path: Path) -> RunMetrics:
             train.append(record)
         elif record.get("event") == "summary":
             summary = record
-    source = summary or {}
-    sps = _number(source, "samples_per_second", "mean_samples_per_second")
-    tps = _number(source, "tokens_per_second", "mean_tokens_per_second")
-    if sps is None:
-        rates = [r for r in (_number(t, "samples_per_second") for t in train) if r]
-        if not rates:
-            raise EstimateError(
-                f"{path}: no 'summary' or 'train' event with samples_per_second; "
-                "give a metrics.jsonl written by workload/train.py"
-            )
-        sps = sum(rates) / len(rates)
-        token_rates = [r for r in (_number(t, "tokens_per_second") for t in train) if r]
-        tps = sum(token_rates) / len(token_rates) if token_rates else None
+    if summary is not None and _number(summary, "mean_samples_per_second"):
+        steps, batch = _number(summary, "step"), _number(summary, "batch_size")
+        world = _number(summary, "world_size")
+        samples = steps * batch * world if steps and batch and world else None
+        return RunMetrics(
+            samples_per_second=_number(summary, "mean_samples_per_second") or 0.0,
+            tokens_per_sample=_number(summary, "max_length"),
+            seconds=_number(summary, "total_time_s"),
+            samples=samples,
+            processes=int(world) if world else None,
+            resumed=bool(summary.get("resumed_from")),
+        )
+    # A job still running: the mean of its logged rates, leaving out the first interval,
+    # which holds the warm-up (and, on XLA, the graph compilations).
+    rates = [r for r in (_number(t, "samples_per_second") for t in train) if r]
+    if not rates:
+        raise EstimateError(
+            f"{path}: no 'summary' or 'train' line with a throughput; "
+            "give a metrics.jsonl written by workload/train.py"
+        )
+    rates = rates[1:] or rates
+    per_sample = [
+        t["tokens_per_second"] / t["samples_per_second"]
+        for t in train
+        if _positive_numbers(t.get("samples_per_second"), t.get("tokens_per_second"))
+    ]
     return RunMetrics(
-        samples_per_second=sps,
-        tokens_per_second=tps,
-        seconds=_number(source, "train_seconds", "total_time_seconds", "total_seconds"),
-        samples=_number(source, "samples", "train_samples", "total_samples"),
-        compile_seconds=_number(source, "compile_seconds", "compile_time_seconds"),
+        samples_per_second=sum(rates) / len(rates),
+        tokens_per_sample=round(per_sample[-1]) if per_sample else None,
+        seconds=None,
+        samples=None,
+        processes=None,
+        resumed=False,
     )
 
 
@@ -454,16 +473,24 @@ def run(args: argparse.Namespace) -> Report:
         metrics = read_metrics(args.metrics)
         if throughput is None:
             throughput, unit = metrics.samples_per_second, "samples/s"
-        if tokens_per_sample is None and metrics.tokens_per_second:
-            tokens_per_sample = metrics.tokens_per_second / metrics.samples_per_second
+        if tokens_per_sample is None:
+            tokens_per_sample = metrics.tokens_per_sample
+        if main_type not in nodes and metrics.processes:
+            per_node = spec.devices
+            if metrics.processes >= per_node and metrics.processes % per_node == 0:
+                nodes[main_type] = metrics.processes // per_node
         if given_work is None:
             # Without other work, the estimate is for the measured run itself.
             if main_type not in seconds and metrics.seconds:
                 seconds[main_type] = metrics.seconds
-            if metrics.samples:
+                notes.append(
+                    "time to train is the run's wall time from the metrics (start-up, "
+                    "compilation, evaluation and checkpoints included)"
+                )
+                if metrics.resumed:
+                    notes.append("the run resumed from a checkpoint: its time covers the last part")
+            if metrics.samples and not metrics.resumed:
                 given_work = (metrics.samples, "samples")
-        if main_type not in compile_s and metrics.compile_seconds is not None:
-            compile_s[main_type] = metrics.compile_seconds
         notes.append(f"throughput {throughput:.4g} {unit} read from {args.metrics}")
 
     if args.epochs is not None and args.dataset_size is None:
@@ -499,7 +526,7 @@ def run(args: argparse.Namespace) -> Report:
         )
 
     main = candidate(main_type, throughput)
-    if spec.is_trainium and main_type not in compile_s:
+    if spec.is_trainium and main_type not in compile_s and main_type not in seconds:
         notes.append(
             "no --compile-seconds given: unless a measured --seconds already includes it, "
             "a cold Neuron compile cache adds compile time (minutes to hours) left out here"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ import pytest
 
 from stacks.instance_types import INSTANCE_TYPES, PRICES_AS_OF
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "estimate_cost.py"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "estimate_cost.py"
 
 # The SageMaker benchmark (BERT-base classification, same batch and data, one node each).
 SEED_ARGS = [
@@ -171,42 +173,104 @@ def test_measured_time_scales_to_the_comparison(capsys: pytest.CaptureFixture[st
     assert by_type(report)["p5.48xlarge"]["train_seconds"] == pytest.approx(500)
 
 
+def _summary(**fields: Any) -> dict[str, Any]:
+    """A "summary" line as workload/train.py writes it."""
+    line = {
+        "event": "summary",
+        "step": 50,
+        "total_time_s": 80.0,
+        "train_time_s": 60.0,
+        "mean_samples_per_second": 100.0,
+        "mean_tokens_per_second": 12800.0,
+        "world_size": 2,
+        "batch_size": 50,
+        "max_length": 128,
+        "resumed_from": None,
+    }
+    return line | fields
+
+
+def _write(path: Path, *lines: dict[str, Any]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
 def test_reads_a_trainer_metrics_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    metrics = tmp_path / "metrics.jsonl"
-    lines = [
+    metrics = _write(
+        tmp_path / "metrics.jsonl",
         {"event": "train", "step": 10, "loss": 1.0, "samples_per_second": 90.0},
         {"event": "eval", "step": 10, "eval_loss": 0.9, "eval_accuracy": 0.5},
-        {
-            "event": "summary",
-            "samples_per_second": 100.0,
-            "tokens_per_second": 12800.0,
-            "train_seconds": 50.0,
-            "samples": 5000,
-            "compile_seconds": 30.0,
-        },
-    ]
-    metrics.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+        _summary(),
+    )
     report = run_json(capsys, "--metrics", str(metrics), "--compare", "p4d.24xlarge=50")
     trn = by_type(report)["trn1.32xlarge"]
     assert trn["throughput"] == 100 and trn["throughput_unit"] == "samples/s"
-    assert trn["train_seconds"] == 50 and trn["compile_seconds"] == 30
+    assert trn["train_seconds"] == 80  # the run's wall time
     assert report["work"] == {"samples": 5000, "tokens": 640000}
-    assert by_type(report)["p4d.24xlarge"]["train_seconds"] == pytest.approx(100)
+    # Half the throughput: twice the time, overheads included.
+    assert by_type(report)["p4d.24xlarge"]["train_seconds"] == pytest.approx(160)
+    assert trn["cost_per_million_samples_usd"] == pytest.approx(trn["cost_usd"] / 5000 * 1e6)
     # Projected to a bigger dataset at the measured throughput.
     big = run_json(capsys, "--metrics", str(metrics), "--dataset-size", "100000", "--epochs", "3")
     assert big["estimates"][0]["train_seconds"] == pytest.approx(3000)
 
 
+def test_metrics_of_a_multi_node_run_set_the_node_count(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    metrics = _write(tmp_path / "metrics.jsonl", _summary(world_size=64, batch_size=4))
+    trn = run_json(capsys, "--metrics", str(metrics))["estimates"][0]
+    assert trn["nodes"] == 2  # 64 processes on 32 NeuronCores per trn1.32xlarge
+    assert trn["instance_hours"] == pytest.approx(2 * 80 / 3600)
+
+
+def test_metrics_of_a_resumed_run_leave_cost_per_sample_open(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    metrics = _write(tmp_path / "metrics.jsonl", _summary(resumed_from="ckpt/step_00000020"))
+    text = run_text(capsys, "--metrics", str(metrics))
+    assert "resumed from a checkpoint" in text
+    assert run_json(capsys, "--metrics", str(metrics))["work"]["samples"] is None
+
+
 def test_metrics_file_without_summary_uses_train_events(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    metrics = tmp_path / "metrics.jsonl"
-    rates = [80.0, 120.0]
-    metrics.write_text(
-        "".join(json.dumps({"event": "train", "samples_per_second": r}) + "\n" for r in rates)
+    # The first interval holds the warm-up and is left out.
+    rates = [5.0, 80.0, 120.0]
+    metrics = _write(
+        tmp_path / "metrics.jsonl", *({"event": "train", "samples_per_second": r} for r in rates)
     )
     report = run_json(capsys, "--metrics", str(metrics), "--samples", "1000")
     assert report["estimates"][0]["train_seconds"] == pytest.approx(10)
+
+
+def test_metrics_written_by_the_trainer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The contract with workload/train.py: a real run's metrics give a real estimate."""
+    data, out = tmp_path / "data", tmp_path / "job"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    for command in (
+        [ROOT / "scripts" / "make_sample_data.py", "--output", data, "--train-size", "48"],
+        [
+            ROOT / "workload" / "train.py",
+            *("--data", data, "--output", out, "--max-steps", "4", "--batch-size", "8"),
+            *("--device", "cpu", "--eval-every", "4"),
+        ],
+    ):
+        proc = subprocess.run(
+            [sys.executable, *map(str, command)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    report = run_json(capsys, "--metrics", str(out / "metrics.jsonl"), "--compare", "p5.48xlarge=1")
+    trn = report["estimates"][0]
+    assert trn["throughput"] > 0 and trn["train_seconds"] > 0
+    assert report["work"]["samples"] == 4 * 8
+    assert report["work"]["tokens"] == 4 * 8 * 128  # --max-length 128
+    assert trn["cost_usd"] > 0 and trn["cost_per_million_samples_usd"] > 0
 
 
 @pytest.mark.parametrize(
@@ -259,7 +323,7 @@ def test_metrics_file_that_is_not_json_lines(
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"event": "eval", "eval_loss": 1}\n')
     assert ec.main(["--metrics", str(empty)]) == 2
-    assert "no 'summary' or 'train' event" in capsys.readouterr().err
+    assert "no 'summary' or 'train' line with a throughput" in capsys.readouterr().err
 
 
 def test_command_line_entry_point() -> None:
