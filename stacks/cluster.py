@@ -37,14 +37,14 @@ def build_cluster(app: cdk.App, config: ClusterConfig) -> Cluster:
     name = config.cluster_name
     network = NetworkStack(
         app,
-        f"{name}-network",
+        config.stack_name("network"),
         config=config,
         env=env,
         description=f"{name}: VPC, cluster subnet, endpoints and security groups",
     )
     storage = StorageStack(
         app,
-        f"{name}-storage",
+        config.stack_name("storage"),
         config=config,
         subnet=network.cluster_subnet,
         fsx_security_group=network.fsx_security_group,
@@ -53,7 +53,7 @@ def build_cluster(app: cdk.App, config: ClusterConfig) -> Cluster:
     )
     operations = OperationsStack(
         app,
-        f"{name}-operations",
+        config.stack_name("operations"),
         config=config,
         storage=storage,
         env=env,
@@ -61,7 +61,7 @@ def build_cluster(app: cdk.App, config: ClusterConfig) -> Cluster:
     )
     compute = ComputeStack(
         app,
-        f"{name}-compute",
+        config.stack_name("compute"),
         config=config,
         subnet=network.cluster_subnet,
         efa_security_group=network.efa_security_group,

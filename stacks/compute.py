@@ -18,6 +18,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sns as sns
+from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
 from stacks.config import CLUSTER_TAG_KEY, ROLE_TAG_KEY, WORKER_ROLE, ClusterConfig
@@ -131,9 +132,7 @@ class NodeRole(Construct):
                 # PutMetricData has no resource type; the namespace condition scopes it.
                 actions=["cloudwatch:PutMetricData"],
                 resources=["*"],
-                conditions={
-                    "StringEquals": {"cloudwatch:namespace": [config.metrics_namespace, "CWAgent"]}
-                },
+                conditions={"StringEquals": {"cloudwatch:namespace": config.metrics_namespace}},
             ),
             iam.PolicyStatement(
                 sid="DescribeOwnInstance",
@@ -153,13 +152,13 @@ class NodeRole(Construct):
         acknowledge(
             self.policy,
             "AwsSolutions-IAM5[Resource::*]",
-            "cloudwatch:PutMetricData (limited to the cluster's namespaces by a condition), "
+            "cloudwatch:PutMetricData (limited to the cluster's namespace by a condition), "
             "ec2:DescribeTags and ec2:DescribeVolumes support no resource-level permissions.",
         )
         acknowledge(
             self.policy,
-            f"AwsSolutions-IAM5[Resource::arn:aws:logs:{config.region}:<AWS::AccountId>:"
-            "log-group:*]",
+            f"AwsSolutions-IAM5[Resource::arn:{RegionInfo.get(config.region).partition}:logs:"
+            f"{config.region}:<AWS::AccountId>:log-group:*]",
             "logs:DescribeLogGroups lists log groups and supports no narrower resource; Run "
             "Command calls it to find the training log group before writing output to it.",
         )

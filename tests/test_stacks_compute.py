@@ -180,7 +180,7 @@ def test_node_role_is_scoped(default: Synth) -> None:
     # Only actions that have no resource type may use "*".
     assert unscoped == {"PublishNodeMetrics", "DescribeOwnInstance"}
     assert statements["PublishNodeMetrics"]["Condition"] == {
-        "StringEquals": {"cloudwatch:namespace": ["TrainiumCluster/trainium", "CWAgent"]}
+        "StringEquals": {"cloudwatch:namespace": "TrainiumCluster/trainium"}
     }
     software = [flatten(r) for r in statements["ReadNodeSoftware"]["Resource"]]
     assert len(software) == 2  # exactly the two asset objects, not the assets bucket
