@@ -192,9 +192,10 @@ class LustreFileSystem(Construct):
             "Key",
             description=f"{config.cluster_name}: encrypts the FSx for Lustre file system",
             enable_key_rotation=True,
-            removal_policy=cdk.RemovalPolicy.RETAIN
-            if config.retain_data
-            else cdk.RemovalPolicy.DESTROY,
+            # The file system (no backups: S3 holds the durable copy) goes with the stack, and
+            # so does its key.
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+            pending_window=cdk.Duration.days(7),
         )
         # The L1 resource: the L2 LustreFileSystem adds security group rules of its own and has
         # no data repository associations.
