@@ -13,7 +13,7 @@ Paths run in interleaved rounds (A B C, B C A, ...) so that drift on a shared ma
 them alike. Warm-up steps (and, on XLA, the graph compilations they trigger) are timed
 separately and left out of the throughput. Models are built from configs, never downloaded::
 
-    python workload/bench.py --model tiny --model bert-base --steps 10 --output build/bench
+    python workload/bench.py --model tiny --model bert-base --output build/bench
 
 Writes ``bench.json`` and ``bench.png`` (throughput per configuration) into ``--output``
 and prints a table, plus the same table in Markdown for the README.
@@ -141,15 +141,24 @@ class Runner:
         return 0
 
 
-def _tensor_bytes(tensors: Iterator[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+def _tensor_bytes(tensors: Iterator[Any], device: torch.device) -> int:
+    return sum(
+        t.numel() * t.element_size()
+        for t in tensors
+        if isinstance(t, torch.Tensor) and t.device.type == device.type
+    )
 
 
-def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
-    total = _tensor_bytes(iter(list(model.parameters())))
-    total += _tensor_bytes(p.grad for p in model.parameters())
+def _state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device
+) -> int:
+    """Bytes of parameters, gradients and optimizer state on ``device``."""
+    params = list(model.parameters())
+    total = _tensor_bytes(iter(params), device)
+    total += _tensor_bytes((p.grad for p in params), device)
     if optimizer is not None:
-        total += _tensor_bytes(v for state in optimizer.state.values() for v in state.values())
+        state = (v for s in optimizer.state.values() for v in s.values())
+        total += _tensor_bytes(state, device)
     return total
 
 
@@ -184,7 +193,7 @@ class StepRunner(Runner):
         return times
 
     def resident_bytes(self) -> int:
-        return _state_bytes(self.model, self.optimizer)
+        return _state_bytes(self.model, self.optimizer, self.backend.device)
 
 
 def trainer_runner(
@@ -332,7 +341,7 @@ class HfTrainerRunner(Runner):
         return self.times[skip:]
 
     def resident_bytes(self) -> int:
-        return _state_bytes(self.model, None)
+        return _state_bytes(self.model, None, self.backend.device)
 
 
 class _ListDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -801,9 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-size", type=_positive_int, default=8, help="default: %(default)s")
     p.add_argument("--seq-len", type=_positive_int, default=128, help="default: %(default)s")
-    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps per round")
+    p.add_argument("--steps", type=_positive_int, default=5, help="timed steps per round")
     p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed steps first")
-    p.add_argument("--rounds", type=_positive_int, default=3, help="interleaved rounds")
+    p.add_argument("--rounds", type=_positive_int, default=6, help="interleaved rounds")
     p.add_argument(
         "--paths",
         type=_paths,
