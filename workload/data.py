@@ -96,42 +96,86 @@ class RawSplit:
             yield f"{title}\n{content}" if title else content
 
 
-def _read_table(path: Path) -> Any:
-    """A pyarrow Table of the file, or DataError saying why it cannot be read."""
-    import pyarrow as pa
-    import pyarrow.csv as pa_csv
-    import pyarrow.json as pa_json
-    import pyarrow.parquet as pq
+_MISSING = object()
 
+
+def _read_columns(path: Path, wanted: Sequence[str]) -> tuple[dict[str, list[Any]], list[str]]:
+    """The ``wanted`` columns of the file (``_MISSING`` where a row lacks one) and the
+    names of all its columns, or DataError saying where and why it cannot be read.
+
+    JSONL and CSV are read line by line in Python so that an error names its row; Parquet
+    is typed and read with pyarrow.
+    """
     fmt = path.suffix.lstrip(".")
     try:
         if fmt == "parquet":
-            return pq.read_table(path)
-        if fmt == "jsonl":
-            return pa_json.read_json(path)
-        # Every CSV column as text: labels are checked below, titles stay strings.
-        with path.open("rb") as handle:
-            header = handle.readline().decode("utf-8", errors="replace")
-        names = next(iter(_csv_rows(header)), [])
-        return pa_csv.read_csv(
-            path,
-            convert_options=pa_csv.ConvertOptions(
-                column_types=dict.fromkeys(names, pa.string()),
-                strings_can_be_null=False,
-            ),
-        )
+            return _read_parquet(path, wanted)
+        with path.open(encoding="utf-8", newline="") as handle:
+            if fmt == "jsonl":
+                return _read_jsonl(path, handle, wanted)
+            return _read_csv(path, handle, wanted)
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise DataError(f"{path}: cannot read it ({reason})") from None
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, UnicodeDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{path}: not a readable {fmt} file ({first})") from None
+        raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def _csv_rows(text: str) -> Iterator[list[str]]:
+def _read_parquet(path: Path, wanted: Sequence[str]) -> tuple[dict[str, list[Any]], list[str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, ValueError) as exc:
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise DataError(f"{path}: not a readable parquet file ({first})") from None
+    names = list(table.column_names)
+    return {c: table.column(c).to_pylist() for c in wanted if c in names}, names
+
+
+def _read_jsonl(
+    path: Path, handle: Any, wanted: Sequence[str]
+) -> tuple[dict[str, list[Any]], list[str]]:
+    columns: dict[str, list[Any]] = {c: [] for c in wanted}
+    names: dict[str, None] = {}
+    row = 0
+    for line in handle:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise _row_error(path, row, f"not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise _row_error(path, row, "not a JSON object")
+        names.update(dict.fromkeys(record))
+        for column, values in columns.items():
+            values.append(record.get(column, _MISSING))
+        row += 1
+    return columns, list(names)
+
+
+def _read_csv(
+    path: Path, handle: Any, wanted: Sequence[str]
+) -> tuple[dict[str, list[Any]], list[str]]:
     import csv
 
-    yield from csv.reader([text])
+    reader = csv.reader(handle)
+    try:
+        header = next(reader, [])
+        index = {name: i for i, name in enumerate(header)}
+        columns: dict[str, list[Any]] = {c: [] for c in wanted if c in index}
+        for row, fields in enumerate(reader):
+            if len(fields) != len(header):
+                raise _row_error(
+                    path, row, f"{len(fields)} fields where the header has {len(header)}"
+                )
+            for column, values in columns.items():
+                values.append(fields[index[column]])
+    except csv.Error as exc:
+        raise DataError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
+    return columns, header
 
 
 def _row_error(path: Path, index: int, reason: str) -> DataError:
@@ -152,21 +196,22 @@ def _check_label(value: Any) -> int | None:
 
 def read_file(path: Path, task: str) -> RawSplit:
     """Read and validate one file: required columns, text present, labels in {0, 1}."""
-    table = _read_table(path)
     required = COLUMNS[task]
-    missing = [c for c in required if c not in table.column_names]
+    columns, names = _read_columns(path, required)
+    if not any(columns.values()):
+        raise DataError(f"{path}: has no rows")
+    missing = [c for c in required if c not in names]
     if missing:
         raise DataError(
             f"{path}: missing column {', '.join(repr(c) for c in missing)}; "
             f"the columns must include {', '.join(required)} (found: "
-            f"{', '.join(table.column_names) or 'none'})"
+            f"{', '.join(names) or 'none'})"
         )
-    if table.num_rows == 0:
-        raise DataError(f"{path}: has no rows")
-    titles = table.column("title").to_pylist()
-    contents = table.column("content").to_pylist()
+    titles, contents = columns["title"], columns["content"]
     for index, (title, content) in enumerate(zip(titles, contents, strict=True)):
         for name, value in (("title", title), ("content", content)):
+            if value is _MISSING:
+                raise _row_error(path, index, f"no {name}")
             if value is None:
                 raise _row_error(path, index, f"{name} is null; it must be text")
             if not isinstance(value, str):
@@ -176,7 +221,9 @@ def read_file(path: Path, task: str) -> RawSplit:
     labels: list[int] | None = None
     if "label" in required:
         labels = []
-        for index, value in enumerate(table.column("label").to_pylist()):
+        for index, value in enumerate(columns["label"]):
+            if value is _MISSING:
+                raise _row_error(path, index, "no label")
             label = _check_label(value)
             if label is None:
                 raise _row_error(
