@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,20 +32,66 @@ class ModelError(ValueError):
     """The model or tokenizer cannot be built or loaded; the message says why."""
 
 
+#: Characters kept in a tiny WordPiece vocabulary (the most frequent ones).
+MAX_ALPHABET = 1000
+
+
+def wordpiece_vocabulary(texts: Iterable[str], vocab_size: int) -> dict[str, int]:
+    """A WordPiece vocabulary: special tokens, every character alone and as a ``##``
+    continuation, then whole words by frequency, ties broken alphabetically.
+
+    Deterministic by construction. ``tokenizers``' WordPieceTrainer is not: it breaks
+    ties in Rust hash-map order, which is seeded per process, so two jobs with the same
+    data and seed would get different vocabularies and so different models (and a
+    resumed job could not match an uninterrupted one). Normalization and
+    pre-tokenization are the library's BERT ones.
+    """
+    from tokenizers import normalizers, pre_tokenizers
+
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words: Counter[str] = Counter()
+    for text in texts:
+        normalized = normalizer.normalize_str(text)
+        words.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalized))
+    chars: Counter[str] = Counter()
+    for word, count in words.items():
+        for char in word:
+            chars[char] += count
+    alphabet = sorted(
+        c for c, _ in sorted(chars.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_ALPHABET]
+    )
+    tokens = [*BERT_SPECIAL, *alphabet, *(f"##{c}" for c in alphabet)]
+    taken = set(tokens)
+    for word, count in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(tokens) >= vocab_size or count < 2:
+            break
+        if word not in taken:
+            tokens.append(word)
+            taken.add(word)
+    return {token: index for index, token in enumerate(tokens)}
+
+
 def train_tiny_tokenizer(texts: Iterable[str], task: str, vocab_size: int) -> Any:
-    """A fast tokenizer trained on ``texts``: BERT WordPiece or GPT-2 byte-level BPE."""
+    """A fast tokenizer for ``texts``: BERT WordPiece or GPT-2 byte-level BPE.
+
+    Both come out the same for the same text in every process (the byte-level BPE
+    trainer of ``tokenizers`` is deterministic; the WordPiece vocabulary is built here).
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers as tok_trainers
     from transformers import PreTrainedTokenizerFast
 
     if task == "classification":
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok = Tokenizer(
+            models.WordPiece(
+                vocab=wordpiece_vocabulary(texts, vocab_size),
+                unk_token="[UNK]",
+                max_input_chars_per_word=100,
+            )
+        )
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        wordpiece = tok_trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=list(BERT_SPECIAL), show_progress=False
-        )
-        tok.train_from_iterator(texts, trainer=wordpiece)
         cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]",

@@ -1,0 +1,242 @@
+"""The trainer end to end on the CPU: 2-process torchrun (gloo), kill and resume, outputs.
+
+The expensive runs share one reference job (module fixture): 2 processes, 1600 sample
+reviews, 200 steps of a 2-layer, hidden-64 BERT.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.workload_support import (
+    REPO,
+    TINY,
+    events,
+    job_env,
+    make_data,
+    metrics,
+    no_xla_side_effects,
+    run_train,
+    single_thread,
+    summary,
+)
+from workload.backend import Backend
+from workload.checkpoint import list_checkpoints, load_trainer_state
+from workload.config import parse_config
+from workload.train import train
+
+STEPS = 200  # 4 epochs of 1600 examples at 2 x 16
+JOB = (
+    *TINY,
+    *("--epochs", "4", "--batch-size", "16", "--lr", "2e-3", "--dropout", "0.1"),
+    *("--log-every", "10", "--eval-every", "50", "--checkpoint-every", "40"),
+    *("--keep-checkpoints", "2", "--device", "cpu", "--seed", "7"),
+)
+
+#: Runs train.py with a checkpoint save that SIGKILLs its own process half-way: after
+#: every file of the step's temporary directory is written, before the rename.
+KILL_DURING_SAVE = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {repo!r})
+    import workload.checkpoint as checkpoint
+    import workload.train as train
+
+    real = checkpoint._fsync_tree
+
+    def fsync_then_die(directory):
+        real(directory)
+        if "step_{step:08d}" in directory.name:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint._fsync_tree = fsync_then_die
+    sys.exit(train.main())
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sample_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("data"), train=1600, test=400, seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted job, started from a directory that is not the repository."""
+    output = tmp_path_factory.mktemp("reference") / "job"
+    elsewhere = tmp_path_factory.mktemp("cwd")
+    result = run_train(
+        ["--data", str(sample_data), "--output", str(output), *JOB], nproc=2, cwd=elsewhere
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return output
+
+
+@pytest.mark.slow
+def test_two_processes_learn_the_sample_task(reference: Path) -> None:
+    result = summary(reference)
+    assert result["world_size"] == 2
+    assert result["step"] == STEPS
+    assert result["eval_count"] == 400  # every test example, none twice
+    assert result["final_eval_accuracy"] >= 0.90
+    losses = [line["loss"] for line in events(reference, "train")]
+    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:3]) / 3
+
+
+@pytest.mark.slow
+def test_outputs_of_a_job(reference: Path) -> None:
+    train_lines = events(reference, "train")
+    assert [line["step"] for line in train_lines] == list(range(10, STEPS + 1, 10))
+    for line in train_lines:
+        assert {"step", "loss", "lr", "samples_per_second", "tokens_per_second"} <= set(line)
+        assert line["samples_per_second"] > 0
+        assert line["tokens_per_second"] == pytest.approx(line["samples_per_second"] * 64, 1e-3)
+        assert "xla_compiles" not in line
+    assert [line["step"] for line in events(reference, "eval")] == [50, 100, 150, 200]
+    result = summary(reference)
+    for key in ("final_eval_accuracy", "total_time_s", "mean_samples_per_second", "mfu"):
+        assert key in result
+    assert result["mfu"] is None  # no known peak for a CPU
+    assert result["flops_per_sample"] > 0
+    assert [step for step, _ in list_checkpoints(reference)] == [160, 200]
+    assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
+    assert (reference / "tokenizer" / "tokenizer.json").is_file()
+    state = load_trainer_state(reference / "checkpoints" / "step_00000200")
+    assert state["world_size"] == 2
+    assert len(state["rng"]) == 2
+    assert state["config"]["seed"] == 7
+
+
+@pytest.mark.slow
+def test_a_job_killed_during_a_save_resumes_to_the_same_parameters(
+    reference: Path, sample_data: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "job"
+    driver = tmp_path / "train_killed_during_save.py"
+    driver.write_text(KILL_DURING_SAVE.format(repo=str(REPO), step=120))
+    args = ["--data", str(sample_data), "--output", str(output), *JOB]
+
+    killed = run_train(args, nproc=2, script=driver)
+    assert killed.returncode != 0
+    assert "Signals.SIGKILL" in killed.stderr or "SIGKILL" in killed.stderr
+    leftovers = list((output / "checkpoints").glob(".tmp-step_00000120-*"))
+    assert leftovers, "the save at step 120 should have been cut short"
+    assert [step for step, _ in list_checkpoints(output)] == [40, 80]
+
+    resumed = run_train(args, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert not list((output / "checkpoints").glob(".tmp-*"))
+    resumes = events(output, "resume")
+    assert [(r["step"], Path(r["checkpoint"]).name) for r in resumes] == [(80, "step_00000080")]
+    assert summary(output)["step"] == STEPS
+
+    # Same data order, dropout masks, optimizer and schedule: the same parameters.
+    final = load_file(str(output / "checkpoints" / "step_00000200" / "model.safetensors"))
+    expected = load_file(str(reference / "checkpoints" / "step_00000200" / "model.safetensors"))
+    assert final.keys() == expected.keys()
+    different = [name for name in final if not torch.equal(final[name], expected[name])]
+    assert different == []
+    assert summary(output)["final_eval_accuracy"] == summary(reference)["final_eval_accuracy"]
+
+
+# -- in-process jobs: one CPU process, a few steps -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("small"), train=96, test=24, seed=3)
+
+
+def _train_here(argv: list[str]) -> dict[str, Any]:
+    with no_xla_side_effects():
+        return train(parse_config(argv), Backend(kind="cpu", device=torch.device("cpu")))
+
+
+SMALL = (*TINY, "--batch-size", "8", "--device", "cpu", "--log-every", "2")
+
+
+@pytest.mark.usefixtures(single_thread.__name__)
+def test_a_finished_job_resumes_to_its_summary(small_data: Path, tmp_path: Path) -> None:
+    argv = ["--data", str(small_data), "--output", str(tmp_path), *SMALL, "--max-steps", "6"]
+    first = _train_here(argv)
+    assert first["step"] == 6
+    again = _train_here(argv)
+    assert again["step"] == 6
+    assert again["resumed_from"] == str(tmp_path / "checkpoints" / "step_00000006")
+    assert again["final_eval_accuracy"] == first["final_eval_accuracy"]
+    assert [m["event"] for m in metrics(tmp_path)][-3:] == ["resume", "eval", "summary"]
+
+
+@pytest.mark.usefixtures(single_thread.__name__)
+def test_graph_extraction_skips_checkpoints_and_values(
+    small_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEURON_EXTRACT_GRAPHS_ONLY", "1")
+    result = _train_here(
+        ["--data", str(small_data), "--output", str(tmp_path), *SMALL, "--max-steps", "4"]
+    )
+    assert result["graphs_only"] is True
+    assert result["final_eval_accuracy"] is None
+    assert all(line["loss"] is None for line in events(tmp_path, "train"))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.usefixtures(single_thread.__name__)
+def test_causal_lm_and_a_local_model_directory(small_data: Path, tmp_path: Path) -> None:
+    first = tmp_path / "lm"
+    result = _train_here(
+        ["--data", str(small_data), "--output", str(first), *SMALL, "--task", "causal-lm",
+         "--max-steps", "4", "--lr", "3e-3"]
+    )  # fmt: skip
+    assert result["task"] == "causal-lm"
+    assert 0 < result["final_eval_accuracy"] < 1
+    assert result["eval_count"] > 24  # tokens, not examples
+    # A checkpoint directory is a model directory: fine-tune from it like from a hub name.
+    checkpoint = first / "checkpoints" / "step_00000004"
+    second = tmp_path / "from-checkpoint"
+    again = _train_here(
+        ["--data", str(small_data), "--output", str(second), *SMALL, "--task", "causal-lm",
+         "--max-steps", "2", "--model", str(checkpoint)]
+    )  # fmt: skip
+    assert again["model"] == str(checkpoint)
+    assert (small_data / ".token-cache").is_dir()  # a shared tokenizer's cache sits by the data
+    shutil.rmtree(small_data / ".token-cache")
+
+
+TOKENIZER_FINGERPRINT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repo!r})
+    from workload.data import find_split_files, read_split, tokenizer_fingerprint
+    from workload.model import train_tiny_tokenizer
+    from pathlib import Path
+
+    raw = read_split(find_split_files(Path({data!r}), "train"), "classification")
+    for task in ("classification", "causal-lm"):
+        print(tokenizer_fingerprint(train_tiny_tokenizer(raw.texts(), task, 400)))
+    """
+)
+
+
+def test_tiny_tokenizers_are_the_same_in_every_process(small_data: Path) -> None:
+    # Hash seeds differ per process: only separate processes show a non-deterministic trainer.
+    import subprocess
+    import sys
+
+    code = TOKENIZER_FINGERPRINT.format(repo=str(REPO), data=str(small_data))
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True, text=True, check=True, env={**job_env(), "PYTHONHASHSEED": seed},
+        ).stdout.split()
+        for seed in ("1", "2")
+    ]  # fmt: skip
+    assert runs[0] == runs[1]
+    assert len(set(runs[0])) == 2
