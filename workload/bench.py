@@ -111,6 +111,7 @@ class PathResult:
     spread_percent: float | None = None  # (p90 - p10) / median
     warmup_seconds: float | None = None
     peak_memory_bytes: int | None = None
+    model_tflops: float | None = None  # achieved model FLOP/s (6N + attention), in TFLOP/s
     mfu: float | None = None
     compilations_warmup: int | None = None
     compilations_measured: int | None = None
@@ -590,8 +591,10 @@ def bench_model(
             result.peak_memory_bytes = int(peaks[runner.name])
         if runner.name in compile_totals:
             result.compile_seconds = compile_totals[runner.name]
-        if peak_flops and result.samples_per_second:
-            result.mfu = result.samples_per_second * flops / peak_flops
+        if result.samples_per_second:
+            result.model_tflops = result.samples_per_second * flops / 1e12
+            if peak_flops:
+                result.mfu = result.samples_per_second * flops / peak_flops
     ours = results.get("trainer")
     if ours and ours.samples_per_second:
         for other, attr in (("plain", "ratio_vs_plain"), ("hf-trainer", "ratio_vs_hf_trainer")):
@@ -636,6 +639,13 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _rate(value: float | None) -> str:
+    """Throughput with three significant digits below 100 (CPU runs of big models)."""
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _mib(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 2**20:,.0f} MiB"
 
@@ -644,7 +654,7 @@ def table_rows(results: list[PathResult]) -> list[list[str]]:
     rows = []
     for r in results:
         if r.status != "ok":
-            rows.append([r.model, r.path, "skipped", *[""] * 6, r.reason])
+            rows.append([r.model, r.path, "skipped", *[""] * 7, r.reason])
             continue
         ratio = [
             f"{v:.2f}x vs {name}"
@@ -655,11 +665,12 @@ def table_rows(results: list[PathResult]) -> list[list[str]]:
             [
                 r.model,
                 r.path,
-                _fmt(r.samples_per_second, ",.1f"),
-                _fmt(r.tokens_per_second, ",.0f"),
+                _rate(r.samples_per_second),
+                _rate(r.tokens_per_second),
                 f"{_fmt(r.step_ms_median, '.1f')} ({_fmt(r.step_ms_p10, '.1f')}-"
                 f"{_fmt(r.step_ms_p90, '.1f')})",
                 _mib(r.peak_memory_bytes),
+                _fmt(r.model_tflops, ".3g"),
                 _fmt(None if r.mfu is None else 100 * r.mfu, ".1f", "%"),
                 _compiles(r),
                 ", ".join(ratio) or "-",
@@ -682,6 +693,7 @@ HEADER = [
     "tokens/s",
     "step ms median (p10-p90)",
     "peak mem",
+    "TFLOP/s",
     "MFU",
     "compiles (warm-up+timed)",
     "ratio",
@@ -716,12 +728,17 @@ def render_text(report: dict[str, Any], results: list[PathResult]) -> str:
 
 
 def render_markdown(results: list[PathResult]) -> str:
-    keep = [0, 1, 2, 3, 4, 6, 8, 9]
-    rows = [[HEADER[i] for i in keep]]
-    rows += [[row[i] for i in keep] for row in table_rows(results)]
-    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(keep)]
-    out += ["| " + " | ".join(cell or " " for cell in row) + " |" for row in rows[1:]]
-    return "\n".join(out)
+    """The table for the README; memory, MFU and compile columns only where measured."""
+    body = table_rows(results)
+    optional = {HEADER.index(c) for c in ("peak mem", "MFU", "compiles (warm-up+timed)")}
+    keep = [
+        i
+        for i in range(len(HEADER))
+        if i not in optional or any(row[i] not in ("n/a", "-", "") for row in body)
+    ]
+    lines = ["| " + " | ".join(HEADER[i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    lines += ["| " + " | ".join(row[i] or " " for i in keep) + " |" for row in body]
+    return "\n".join(lines)
 
 
 def plot(results: list[PathResult], machine: str, path: Path) -> str | None:
@@ -734,17 +751,23 @@ def plot(results: list[PathResult], machine: str, path: Path) -> str | None:
     except ImportError:
         return "matplotlib is not installed"
     done = [r for r in results if r.samples_per_second]
+    models = list(dict.fromkeys(r.model for r in done)) or ["(none)"]
     colors = {"trainer": "#1f77b4", "plain": "#ff7f0e", "hf-trainer": "#2ca02c"}
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(done) + 1.5))
-    labels = [f"{r.model} / {r.path}" for r in done]
-    values = [r.samples_per_second or 0.0 for r in done]
-    ax.barh(labels, values, color=[colors.get(r.path, "grey") for r in done])
-    for y, value in enumerate(values):
-        ax.text(value, y, f" {value:,.1f}", va="center", fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("samples/s (higher is better)")
-    ax.set_title(f"Training-step throughput on {machine}", fontsize=10)
-    ax.set_xlim(0, max(values, default=1) * 1.2)
+    # One panel per model: their throughputs differ by orders of magnitude.
+    fig, axes = plt.subplots(
+        len(models), 1, figsize=(7, 0.45 * len(done) + 1.0 * len(models) + 0.8), squeeze=False
+    )
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        rows = [r for r in done if r.model == model]
+        values = [r.samples_per_second or 0.0 for r in rows]
+        ax.barh([r.path for r in rows], values, color=[colors.get(r.path, "grey") for r in rows])
+        for y, value in enumerate(values):
+            ax.text(value, y, f" {_rate(value)}", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(values, default=1.0) * 1.2)
+        ax.set_title(model, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("samples/s (higher is better)")
+    fig.suptitle(f"Training-step throughput on {machine}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
