@@ -138,3 +138,35 @@ def test_bad_input_is_one_clear_line(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
     assert message in err
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_reports_compilations_and_compile_time(tmp_path: Path) -> None:
+    """The Trainium code path (torch-xla on the CPU): warm-up compiles, timed steps do not."""
+    pytest.importorskip("torch_xla")
+    env = {k: v for k, v in os.environ.items() if k != "USE_TORCH_XLA"} | {"PJRT_DEVICE": "CPU"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "workload" / "bench.py"),
+            *("--device", "xla", "--paths", "trainer,hf-trainer", "--threads", "1"),
+            *("--steps", "2", "--rounds", "1", "--warmup", "3"),
+            *("--batch-size", "2", "--seq-len", "16", "--output", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["machine"]["device"] == "xla:CPU"
+    trainer, hf = _results(report)["trainer"], _results(report)["hf-trainer"]
+    assert trainer["compilations_warmup"] >= 2  # forward+backward, optimizer update
+    assert trainer["compilations_measured"] == 0  # fixed shapes: nothing new to compile
+    assert trainer["compile_seconds"] > 0
+    assert trainer["features"][1] == "foreach AdamW"  # fused is CPU/CUDA only
+    assert hf["status"] == "skipped" and "optimum-neuron" in hf["reason"]
+    assert "compiles (warm-up+timed)" in proc.stdout
