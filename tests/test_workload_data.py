@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from tests.workload_support import (
     REPO,
@@ -225,6 +226,23 @@ def test_token_cache_is_fixed_shape_and_memory_mapped(tmp_path: Path, tokenizer:
     n = len(first["input_ids"])
     assert batch["input_ids"][0, :n].tolist() == first["input_ids"]
     assert batch["attention_mask"][0].sum().item() == n
+
+
+def test_a_split_travels_to_loader_workers_without_its_arrays(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    import pickle
+
+    directory = make_data(tmp_path / "d", train=30, test=5)
+    files = find_split_files(directory, "train")
+    target = write_token_cache(
+        read_split(files, "classification"), tokenizer, "classification", 32, tmp_path / "c"
+    )
+    split = TokenizedSplit(target, "classification")
+    expected = split[[1, 2]]
+    copy = pickle.loads(pickle.dumps(split))
+    assert len(pickle.dumps(split)) < 2000  # the memory maps are reopened, not copied
+    assert all(torch.equal(copy[[1, 2]][k], v) for k, v in expected.items())
 
 
 def test_cache_key_follows_the_inputs(tmp_path: Path, tokenizer: Any) -> None:

@@ -27,7 +27,7 @@ from tests.workload_support import (
     single_thread,
     summary,
 )
-from workload.backend import Backend
+from workload.backend import setup_backend
 from workload.checkpoint import list_checkpoints, load_trainer_state
 from workload.config import parse_config
 from workload.train import train
@@ -155,8 +155,9 @@ def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train_here(argv: list[str]) -> dict[str, Any]:
+    config = parse_config(argv)
     with no_xla_side_effects():
-        return train(parse_config(argv), Backend(kind="cpu", device=torch.device("cpu")))
+        return train(config, setup_backend(config.device, config.precision))
 
 
 SMALL = (*TINY, "--batch-size", "8", "--device", "cpu", "--log-every", "2")
@@ -172,6 +173,17 @@ def test_a_finished_job_resumes_to_its_summary(small_data: Path, tmp_path: Path)
     assert again["resumed_from"] == str(tmp_path / "checkpoints" / "step_00000006")
     assert again["final_eval_accuracy"] == first["final_eval_accuracy"]
     assert [m["event"] for m in metrics(tmp_path)][-3:] == ["resume", "eval", "summary"]
+
+
+@pytest.mark.usefixtures(single_thread.__name__)
+def test_bf16_autocast_on_request(small_data: Path, tmp_path: Path) -> None:
+    result = _train_here(
+        ["--data", str(small_data), "--output", str(tmp_path), *SMALL, "--max-steps", "2",
+         "--precision", "bf16"]
+    )  # fmt: skip
+    assert result["precision"] == "bf16"
+    assert 0 <= result["final_eval_accuracy"] <= 1
+    assert result["final_eval_loss"] > 0
 
 
 @pytest.mark.usefixtures(single_thread.__name__)

@@ -259,12 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", action=_Record, metavar="FILE", help="YAML file with the same keys as flags"
     )
     for f in dataclasses.fields(TrainConfig):
+        choices = f.metadata.get("choices")
+        allowed = f"; one of {', '.join(choices)}" if choices else ""
         parser.add_argument(
             _flag(f.name),
             dest=f.name,
             action=_Record,
             metavar=f.name.upper(),
-            help=f"{f.metadata['help']} (default: {f.default!r})",
+            help=f"{f.metadata['help']} (default: {f.default!r}{allowed})",
         )
     return parser
 

@@ -71,13 +71,17 @@ class MetricsLogger:
                 if key != "step" and numeric and math.isfinite(value):
                     self._tensorboard.add_scalar(f"{event}/{key}", value, step)
 
-    def progress(self, step: int, text: str) -> None:
-        """Advance the bar to ``step`` showing ``text``; without a terminal, log ``text``."""
+    def progress(self, step: int, text: str, *, keep: bool = False) -> None:
+        """Advance the bar to ``step`` showing ``text`` (printed above the bar when
+        ``keep``); without a terminal, log ``text``."""
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
-            self._bar.set_postfix_str(text, refresh=False)
+            if keep:
+                self._bar.write(text)
+            else:
+                self._bar.set_postfix_str(text, refresh=False)
         else:
             log.info("%s", text)
 

@@ -424,6 +424,7 @@ class Run:
             self.step,
             f"eval at step {self.step}: loss {result.loss:.4f} accuracy {result.accuracy:.4f} "
             f"over {result.count}",
+            keep=True,
         )
         self._mark()
 
@@ -496,6 +497,8 @@ class Run:
             "graphs_only": self.graphs_only,
             **self._compile_fields(),
         }
+        if backend.kind == "xla":
+            summary["environment"] = neuron_environment()
         self.metrics.write("summary", **summary)
         if backend.kind == "xla" and summary.get("xla_compiles_after_warmup"):
             log.warning(
