@@ -8,11 +8,11 @@ writes DIR/train.<ext> and DIR/test.<ext> with the columns label (0 negative,
 1 positive), title and content. Nothing is downloaded.
 
 The reviews are learnable but not trivial: each has three opinion sentences about
-aspects of a product, and the label is the majority of their polarities. About a third
-of the opinions are negated ("the battery is not great"), so counting positive and
-negative words is not enough: a model has to read the word before the adjective. Neutral
-filler sentences, a title that disagrees with the label now and then, and 2% flipped
-labels add noise; a model that reads order gets ~95%, a bag of words far less.
+aspects of a product, all with the label's polarity. One opinion in ten is negated ("the
+battery is not great": a negative opinion made of a positive word), so counting positive
+and negative words is not quite enough: a model has to read the word before the
+adjective. Neutral filler sentences, a title that disagrees with the label three times in
+ten, and 2% flipped labels add noise; the tiny model reaches about 0.93-0.95.
 """
 
 from __future__ import annotations
