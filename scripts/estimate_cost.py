@@ -381,7 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
         "to --instance-type. Prices default to the on-demand table in stacks/instance_types.py.",
     )
     p.add_argument("--instance-type", default="trn1.32xlarge", help="default: %(default)s")
-    p.add_argument("--nodes", action="append", default=[], metavar="[TYPE=]N")
+    p.add_argument(
+        "--nodes",
+        action="append",
+        default=[],
+        metavar="[TYPE=]N",
+        help="instances (default 1; compared types get the same unless given)",
+    )
     p.add_argument("--throughput", type=positive, help="measured or expected, whole cluster")
     p.add_argument("--unit", choices=UNITS, default="samples/s", help="default: %(default)s")
     work = p.add_mutually_exclusive_group()
@@ -542,6 +548,8 @@ def run(args: argparse.Namespace) -> Report:
         if name == main_type:
             raise EstimateError(f"--compare {raw!r}: compare with a different instance type")
         other = candidate(name, other_thr)
+        if name.startswith(SAGEMAKER_PREFIX) != main_type.startswith(SAGEMAKER_PREFIX):
+            notes.append(f"{main_type} and {name}: one is a SageMaker price, the other EC2")
         other_train = train_seconds_for(other, work, unit, (main, main_train))
         if other_train is None:
             be = break_even(main_est, main, other)

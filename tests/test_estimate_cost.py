@@ -343,3 +343,15 @@ def test_command_line_entry_point() -> None:
     )
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "unknown instance type 'nope'" in bad.stderr
+
+
+def test_mixing_sagemaker_and_ec2_prices_is_pointed_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = run_text(
+        capsys,
+        *("--instance-type", "ml.trn1.32xlarge", "--price", "24.725"),
+        *("--throughput", "10", "--samples", "36000", "--compare", "p4d.24xlarge=10"),
+    )
+    assert "ml.trn1.32xlarge and p4d.24xlarge: one is a SageMaker price, the other EC2" in text
+    assert "SageMaker price" not in run_text(capsys, *SEED_ARGS)
