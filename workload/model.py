@@ -184,6 +184,11 @@ def build_model(
     dropout = 0.0 if config.is_tiny and config.dropout < 0 else config.dropout
     if dropout >= 0:
         _set_dropout(model, dropout)
+    # Training never reads the key/value cache; building it costs every decoder forward
+    # time and memory (the Hugging Face Trainer turns it off the same way).
+    model_config: Any = model.config
+    if getattr(model_config, "use_cache", None):
+        model_config.use_cache = False
     return model
 
 
