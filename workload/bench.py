@@ -60,7 +60,7 @@ from workload.model import ModelError, build_model, train_tiny_tokenizer
 log = logging.getLogger("bench")
 
 #: Model sizes: the trainer's ``tiny`` builder at the standard architectures' dimensions
-#: (BERT-base: 110M parameters; GPT-2 small: 124M), so nothing is downloaded.
+#: and dropout (BERT-base: 110M parameters; GPT-2 small: 124M), so nothing is downloaded.
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "bert-base": {
@@ -69,6 +69,7 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
         "tiny_layers": 12,
         "tiny_heads": 12,
         "tiny_vocab_size": 30522,
+        "dropout": 0.1,
     },
     "gpt2": {
         "task": "causal-lm",
@@ -76,6 +77,7 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
         "tiny_layers": 12,
         "tiny_heads": 12,
         "tiny_vocab_size": 50257,
+        "dropout": 0.1,
     },
 }
 PATHS = ("trainer", "plain", "hf-trainer")
@@ -552,45 +554,13 @@ def bench_model(
                 HfTrainerRunner(backend, fresh_model(), config, batches, output / "hf-trainer")
             )
 
-    meter = DeviceMeter(backend)
-    times: dict[str, list[float]] = {r.name: [] for r in runners}
-    peaks: dict[str, float] = {}
-    compile_totals: dict[str, float] = {}
-    for runner in runners:
-        result = results[runner.name]
-        result.features = runner.features
-        seg: dict[str, float] = {}
-        with meter.segment(runner, seg):
-            runner.run(0, skip=args.warmup)
-        result.warmup_seconds = seg["seconds"]
-        peaks[runner.name] = seg.get("peak_memory_bytes", 0)
-        if "compilations" in seg:
-            result.compilations_warmup = int(seg["compilations"])
-            compile_totals[runner.name] = seg["compile_seconds"]
-            result.compilations_measured = 0
-        log.info("%s/%s: warm-up %.1f s", size, runner.name, seg["seconds"])
-    for round_index in range(args.rounds):
-        order = runners[round_index % len(runners) :] + runners[: round_index % len(runners)]
-        for runner in order:
-            result = results[runner.name]
-            seg = {}
-            with meter.segment(runner, seg):
-                times[runner.name].extend(runner.run(args.steps, skip=0))
-            peaks[runner.name] = max(peaks[runner.name], seg.get("peak_memory_bytes", 0))
-            if "compilations" in seg:
-                result.compilations_measured = (result.compilations_measured or 0) + int(
-                    seg["compilations"]
-                )
-                compile_totals[runner.name] += seg["compile_seconds"]
-
+    times, peaks = measure(runners, results, args, backend, size)
     peak_flops = peak_flops_per_device(backend, args.peak_tflops or None)
     for runner in runners:
         result = results[runner.name]
         summarize(result, times[runner.name], config.batch_size, config.max_length)
         if backend.kind == "cuda":
             result.peak_memory_bytes = int(peaks[runner.name])
-        if runner.name in compile_totals:
-            result.compile_seconds = compile_totals[runner.name]
         if result.samples_per_second:
             result.model_tflops = result.samples_per_second * flops / 1e12
             if peak_flops:
@@ -602,6 +572,46 @@ def bench_model(
             if base and base.samples_per_second:
                 setattr(ours, attr, ours.samples_per_second / base.samples_per_second)
     return [results[name] for name in args.paths]
+
+
+def measure(
+    runners: list[Runner],
+    results: dict[str, PathResult],
+    args: argparse.Namespace,
+    backend: Backend,
+    size: str,
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Warm every path up, then time them in rotating order; step times and peak memory."""
+    meter = DeviceMeter(backend)
+    times: dict[str, list[float]] = {r.name: [] for r in runners}
+    peaks: dict[str, float] = {r.name: 0.0 for r in runners}
+
+    def segment(runner: Runner, steps: int, skip: int) -> dict[str, float]:
+        result = results[runner.name]
+        seg: dict[str, float] = {}
+        with meter.segment(runner, seg):
+            times[runner.name].extend(runner.run(steps, skip=skip))
+        peaks[runner.name] = max(peaks[runner.name], seg.get("peak_memory_bytes", 0.0))
+        if "compilations" in seg:
+            count = int(seg["compilations"])
+            if steps > 0:
+                result.compilations_measured = (result.compilations_measured or 0) + count
+            else:
+                result.compilations_warmup = count
+                result.compilations_measured = 0
+            result.compile_seconds = (result.compile_seconds or 0.0) + seg["compile_seconds"]
+        return seg
+
+    for runner in runners:
+        results[runner.name].features = runner.features
+        seg = segment(runner, 0, args.warmup)
+        results[runner.name].warmup_seconds = seg["seconds"]
+        log.info("%s/%s: warm-up %.1f s", size, runner.name, seg["seconds"])
+    for round_index in range(args.rounds):
+        shift = round_index % len(runners) if runners else 0
+        for runner in runners[shift:] + runners[:shift]:
+            segment(runner, args.steps, 0)
+    return times, peaks
 
 
 # -- output ------------------------------------------------------------------------------------
