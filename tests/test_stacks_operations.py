@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scripts.cluster_lib.aws import REQUIRED_OUTPUTS
 from tests.cdk_support import Synth, alternative, flatten, only_resource, resources, synth
 
 SSM_DOCUMENTS_DIR = Path(__file__).resolve().parent.parent / "stacks" / "ssm_documents"
@@ -53,6 +54,8 @@ def test_every_yaml_file_becomes_a_command_document(default: Synth) -> None:
 def test_outputs_carry_what_the_operator_tooling_reads(default: Synth) -> None:
     outputs = default.templates["operations"]["Outputs"]
     assert set(CONTRACT_OUTPUTS) <= set(outputs)
+    # What scripts/cluster.py refuses to run without must be there too.
+    assert set(REQUIRED_OUTPUTS) <= set(outputs)
     assert outputs["ClusterName"]["Value"] == "trainium"
     assert outputs["ClusterTagKey"]["Value"] == "trainium-cluster:name"
     assert outputs["NodeCount"]["Value"] == "2"
