@@ -22,14 +22,19 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, An
     """One benchmark run as a user starts it; its stdout, bench.json and output folder."""
     out = tmp_path_factory.mktemp("bench")
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "USE_TORCH_XLA")}
+    stdout = run_bench(
+        env,
+        *("--model", "tiny", "--device", "cpu", "--threads", "1"),
+        *("--steps", str(STEPS), "--rounds", str(ROUNDS), "--warmup", "1"),
+        *("--batch-size", str(BATCH), "--seq-len", str(SEQ), "--output", str(out)),
+    )
+    return stdout, json.loads((out / "bench.json").read_text()), out
+
+
+def run_bench(env: dict[str, str], *args: str) -> str:
+    """Runs workload/bench.py as a user would; returns its stdout."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "workload" / "bench.py"),
-            *("--model", "tiny", "--device", "cpu", "--threads", "1"),
-            *("--steps", str(STEPS), "--rounds", str(ROUNDS), "--warmup", "1"),
-            *("--batch-size", str(BATCH), "--seq-len", str(SEQ), "--output", str(out)),
-        ],
+        [sys.executable, str(REPO / "workload" / "bench.py"), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -37,7 +42,7 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, An
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, json.loads((out / "bench.json").read_text()), out
+    return proc.stdout
 
 
 def _results(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -146,21 +151,12 @@ def test_xla_reports_compilations_and_compile_time(tmp_path: Path) -> None:
     """The Trainium code path (torch-xla on the CPU): warm-up compiles, timed steps do not."""
     pytest.importorskip("torch_xla")
     env = {k: v for k, v in os.environ.items() if k != "USE_TORCH_XLA"} | {"PJRT_DEVICE": "CPU"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "workload" / "bench.py"),
-            *("--device", "xla", "--paths", "trainer,hf-trainer", "--threads", "1"),
-            *("--steps", "2", "--rounds", "1", "--warmup", "3"),
-            *("--batch-size", "2", "--seq-len", "16", "--output", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
+    stdout = run_bench(
+        env,
+        *("--device", "xla", "--paths", "trainer,hf-trainer", "--threads", "1"),
+        *("--steps", "2", "--rounds", "1", "--warmup", "3"),
+        *("--batch-size", "2", "--seq-len", "16", "--output", str(tmp_path)),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["machine"]["device"] == "xla:CPU"
     trainer, hf = _results(report)["trainer"], _results(report)["hf-trainer"]
@@ -169,4 +165,4 @@ def test_xla_reports_compilations_and_compile_time(tmp_path: Path) -> None:
     assert trainer["compile_seconds"] > 0
     assert trainer["features"][1] == "foreach AdamW"  # fused is CPU/CUDA only
     assert hf["status"] == "skipped" and "optimum-neuron" in hf["reason"]
-    assert "compiles (warm-up+timed)" in proc.stdout
+    assert "compiles (warm-up+timed)" in stdout
