@@ -6,7 +6,9 @@ reviews, 200 steps of a 2-layer, hidden-64 BERT.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,10 @@ from tests.workload_support import (
     no_xla_side_effects,
     run_train,
     single_thread,
+    start_train,
     summary,
+    wait_for_event,
+    worker_pids,
 )
 from workload.backend import setup_backend
 from workload.checkpoint import list_checkpoints, load_trainer_state
@@ -252,3 +257,65 @@ def test_tiny_tokenizers_are_the_same_in_every_process(small_data: Path) -> None
     ]  # fmt: skip
     assert runs[0] == runs[1]
     assert len(set(runs[0])) == 2
+
+
+# -- SIGTERM: a leg that ends at its time limit, an instance that shuts down ------------------
+
+
+def _stopped_at(output: Path) -> int:
+    """The step a SIGTERM stopped the job at, checked against the saved checkpoint."""
+    result = summary(output)
+    assert result["stopped_by_signal"] is True
+    step = int(result["step"])
+    assert [line["step"] for line in events(output, "stop")] == [step]
+    assert list_checkpoints(output)[-1][0] == step
+    state = load_trainer_state(output / "checkpoints" / f"step_{step:08d}")
+    assert state["step"] == step
+    return step
+
+
+def test_sigterm_stops_at_a_log_step_saves_exits_0_and_the_job_resumes_there(
+    small_data: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "job"
+    job = ["--data", str(small_data), "--output", str(output), *SMALL, "--checkpoint-every", "0"]
+    process = start_train([*job, "--max-steps", "100000"])
+    first = wait_for_event(output, "train", process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    step = _stopped_at(output)
+    assert step >= first["step"]
+    assert step % 2 == 0  # a log step (--log-every 2): where the ranks agree to stop
+
+    resumed = run_train([*job, "--max-steps", str(step + 4)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in events(output, "resume")] == [step]
+    result = summary(output)
+    assert result["step"] == step + 4
+    assert result["stopped_by_signal"] is False
+    assert [line["step"] for line in events(output, "train")][-2:] == [step + 2, step + 4]
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(
+    small_data: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "job"
+    job = ["--data", str(small_data), "--output", str(output), *SMALL, "--checkpoint-every", "0"]
+    process = start_train([*job, "--max-steps", "100000"], nproc=2)
+    wait_for_event(output, "train", process)
+    workers = worker_pids(process.pid)
+    assert sorted(workers) == [0, 1]
+    os.kill(workers[1], signal.SIGTERM)  # rank 0 learns of it only through the agreement
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]  # torchrun: every worker exited 0
+    step = _stopped_at(output)
+    state = load_trainer_state(output / "checkpoints" / f"step_{step:08d}")
+    assert state["world_size"] == 2 and len(state["rng"]) == 2
+
+    resumed = run_train([*job, "--max-steps", str(step + 2)], nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in events(output, "resume")] == [step]
+    assert summary(output)["step"] == step + 2

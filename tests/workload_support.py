@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,13 @@ def job_env(*, xla: bool = False) -> dict[str, str]:
     return env
 
 
+def train_command(args: Sequence[str], *, nproc: int = 0, script: Path = TRAIN_PY) -> list[str]:
+    """The command line of train.py (under torchrun with ``nproc`` processes, or alone)."""
+    if nproc:
+        return [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script), *args]
+    return [PYTHON, str(script), *args]
+
+
 def run_train(
     args: Sequence[str],
     *,
@@ -68,16 +76,7 @@ def run_train(
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """Run train.py (under torchrun with ``nproc`` processes, or alone when 0)."""
-    if nproc:
-        command = [
-            TORCHRUN,
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            str(script),
-            *args,
-        ]
-    else:
-        command = [PYTHON, str(script), *args]
+    command = train_command(args, nproc=nproc, script=script)
     env = job_env(xla=xla)
     env.update(extra_env or {})
     return subprocess.run(
@@ -89,6 +88,50 @@ def run_train(
         timeout=timeout,
         check=False,
     )
+
+
+def start_train(args: Sequence[str], *, nproc: int = 0, xla: bool = False) -> subprocess.Popen[str]:
+    """Start train.py in the background (output to pipes read at the end)."""
+    return subprocess.Popen(
+        train_command(args, nproc=nproc),
+        cwd=str(REPO),
+        env=job_env(xla=xla),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_event(
+    output: Path, event: str, process: subprocess.Popen[str], timeout: float = 300
+) -> dict[str, Any]:
+    """The first ``event`` line of ``output``'s metrics, waiting while ``process`` runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            found = events(output, event)
+        except (FileNotFoundError, ValueError):  # not there yet, or a line half written
+            found = []
+        if found:
+            return found[0]
+        if process.poll() is not None:
+            _, stderr = process.communicate()
+            raise AssertionError(f"train.py ended ({process.returncode}): {stderr[-3000:]}")
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"no {event!r} line in {output} after {timeout} s")
+
+
+def worker_pids(launcher: int) -> dict[int, int]:
+    """{RANK: pid} of the worker processes torchrun ``launcher`` started (from /proc)."""
+    workers: dict[int, int] = {}
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            ranks = [item[5:] for item in environ if item.startswith(b"RANK=")]
+            if ranks:
+                workers[int(ranks[0])] = int(child)
+    return workers
 
 
 def metrics(output: Path) -> list[dict[str, Any]]:

@@ -248,6 +248,15 @@ class Backend:
         dist.all_gather_object(gathered, obj, group=self.control_group)
         return gathered
 
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any rank: one host-side all-reduce
+        over the control group (gloo), so nothing enters the device graph."""
+        if self.control_group is None:
+            return flag
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.control_group)
+        return bool(value.item())
+
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
         if self.control_group is None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -90,6 +92,39 @@ USER_ERRORS = (ConfigError, DataError, ModelError, CheckpointError, BackendError
 T = TypeVar("T")
 
 
+class StopRequest:
+    """Records SIGTERM while it is in force; the training loop acts on it.
+
+    SIGTERM comes from the launcher ending a leg before its time limit, from the instance
+    shutting down (systemd sends it to every process) and from the end of a Capacity
+    Block. The handler only sets a flag: the loop then stops at the next step that all
+    ranks agree on (see ``Run._stop_agreed``), saves a resumable checkpoint and returns
+    its summary with ``stopped_by_signal``, so the process exits 0.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        # Signal handlers can only be set from the main thread (a test may train elsewhere).
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signal = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
 class SharedError(RuntimeError):
     """A user error that one rank found and every rank raises (printed once, by rank 0)."""
 
@@ -136,6 +171,8 @@ class Run:
         self.started = started
         self.output = Path(config.output).expanduser().resolve()
         self.graphs_only = graphs_only()
+        self.stop = StopRequest()
+        self.stopped_by_signal = False
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -327,7 +364,7 @@ class Run:
         self._mark()
 
         try:
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and not self.stopped_by_signal:
                 self.train_batches.set_position(self.epoch, self.offset)
                 for batch in backend.device_loader(self.train_loader):
                     self.train_step(batch)
@@ -347,15 +384,28 @@ class Run:
                             self._evaluate()
                     if config.checkpoint_every and self.step % config.checkpoint_every == 0:
                         self._save()
+                    if self.step % config.log_every == 0 and self._stop_agreed():
+                        self.stopped_by_signal = True
+                        break
                     if self.step >= self.total_steps:
                         break
-            if self.last_eval_step != self.step:
+            if self.stopped_by_signal:
+                self.metrics.write("stop", step=self.step, reason="SIGTERM")
+                log.info("SIGTERM: stopping after step %d with a checkpoint", self.step)
+            elif self.last_eval_step != self.step:
                 self._evaluate()
             if self.last_save_step != self.step:
                 self._save()
             return self._summary()
         finally:
             self.metrics.close()
+
+    def _stop_agreed(self) -> bool:
+        """Whether any rank has received SIGTERM: asked on every rank at the same steps
+        (log steps, where the loss read has already waited for the device), so the
+        agreement adds no wait to the steps in between and every rank stops after the
+        same step. A signal is acted on within ``--log-every`` steps."""
+        return self.backend.any_rank(self.stop.requested)
 
     def _mark(self) -> None:
         self.mark_time = time.perf_counter()
@@ -495,6 +545,7 @@ class Run:
             "task": config.task,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "graphs_only": self.graphs_only,
+            "stopped_by_signal": self.stopped_by_signal,
             **self._compile_fields(),
         }
         if backend.kind == "xla":
@@ -524,9 +575,10 @@ def train(config: TrainConfig, backend: Backend, started: float | None = None) -
         )
         if backend.kind == "xla":
             log.info("Neuron/XLA environment in force: %s", neuron_environment() or "none set")
-    run.prepare_data()
-    run.build()
-    return run.train()
+    with run.stop:  # from here on, SIGTERM ends the job at a step boundary, saved
+        run.prepare_data()
+        run.build()
+        return run.train()
 
 
 def _fail(exc: BaseException, code: int, show: bool) -> int:
