@@ -14,7 +14,9 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib.documents import load
+from scripts.cluster_lib.ssm_agent import substitute
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NODE = REPO_ROOT / "scripts" / "node"
@@ -132,10 +135,12 @@ class FakeNode:
     def run_document(
         self, name: str, values: dict[str, str], **extra: str
     ) -> subprocess.CompletedProcess[str]:
-        """Runs a document's command line the way SSM does: placeholders replaced, through
-        a shell, with the scripts at /opt/trainium-cluster (here: the repository)."""
-        command = load(name).run_command[0]
-        command = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: values[m.group(1)], command)
+        """Runs a document's command line the way SSM does: defaults filled in, placeholders
+        replaced, through `sh`, with the scripts at /opt/trainium-cluster (here: the
+        repository)."""
+        document = load(name)
+        defaults = {k: p.default for k, p in document.parameters.items() if p.default is not None}
+        command = substitute(document.run_command[0], {**defaults, **values})
         command = command.replace("/opt/trainium-cluster", str(REPO_ROOT))
         return subprocess.run(
             ["sh", "-c", command], capture_output=True, text=True, env=self.env(**extra),
@@ -352,6 +357,150 @@ def test_launch_refuses_a_node_whose_bootstrap_has_not_finished(node: FakeNode) 
         f"this node is not ready: bootstrap has not finished (no {node.state}/ready; "
         f"see {node.logs}/bootstrap.log)"
     ]
+
+
+# ------------------------------------------------ launch: the agent's cancel, the leg's end
+# A worker for the real torchrun (torch 2.9 starts each worker with start_new_session=True,
+# torch/distributed/elastic/multiprocessing/subprocess_handler): it reports its PID, and on
+# SIGTERM does what workload/train.py does (save, exit 0) after a short "save".
+WORKER = """
+import os, signal, sys, time
+out = os.environ["WORKER_DIR"]
+open(os.path.join(out, f"worker-{os.getpid()}.pid"), "w").close()
+def term(signum, frame):
+    time.sleep(0.5)
+    open(os.path.join(out, "saved"), "w").write(str(os.getpid()))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def real_torchrun(node: FakeNode) -> dict[str, str]:
+    """The node with the project's own torchrun and a worker script as train.py."""
+    (node.bin / "torchrun").unlink()
+    (node.workload / "train.py").write_text(WORKER)
+    venv_bin = Path(sys.executable).parent
+    path = f"{node.bin}:{venv_bin}:/usr/bin:/bin:/usr/sbin:/sbin"
+    return {"PATH": path, "WORKER_DIR": str(node.root)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def worker_pids(node: FakeNode) -> list[int]:
+    return [int(p.stem.split("-")[1]) for p in node.root.glob("worker-*.pid")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def job_processes(job: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"TRAINIUM_JOB_ID={job}".encode() in environ and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_nothing_of_the_job_survives_the_agents_sigkill_of_the_process_group(
+    node: FakeNode,
+) -> None:
+    """The SSM agent ends a cancelled or timed-out command with kill(-pgid, SIGKILL)
+    (aws/amazon-ssm-agent agent/executers/executers_unix.go): no trap runs. torchrun's
+    workers sit in sessions of their own; the leg's watchdog must end them."""
+    env = real_torchrun(node)
+    launch = subprocess.Popen(
+        ["sh", "-c", f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id cancelled "
+         f"--nproc-per-node 2 --master-port {free_port()}"],
+        env=node.env(**env), process_group=0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(worker_pids(node)) == 2, 60, "two torchrun workers")
+        workers = worker_pids(node)
+        assert all(os.getsid(pid) == pid for pid in workers), "workers left the agent's session"
+        os.killpg(launch.pid, signal.SIGKILL)
+        launch.wait(timeout=10)
+        wait_for(lambda: not job_processes("cancelled"), 30, "the job's processes to end")
+        assert not any(alive(pid) for pid in workers)
+    finally:
+        for pid in job_processes("cancelled"):
+            os.kill(pid, signal.SIGKILL)
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+        launch.communicate(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_leg_ends_itself_before_the_time_limit_with_a_checkpoint(node: FakeNode) -> None:
+    env = real_torchrun(node)
+    start = time.monotonic()
+    result = node.run(
+        "launch.sh", "--hosts", "127.0.0.1", "--job-id", "long", "--nproc-per-node", "1",
+        "--master-port", str(free_port()), "--time-limit", "20", "--stop-grace", "12", **env,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert result.returncode == 75, result.stderr
+    assert (node.root / "saved").is_file(), "the trainer did not get its SIGTERM"
+    assert 8 <= elapsed < 20, elapsed
+    output = result.stdout + result.stderr
+    assert "leg time limit reached" in output
+    assert "leg ended at its time limit" in output
+    assert not job_processes("long")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--time-limit", "172801"], "--time-limit '172801' is not allowed: use 0 (no limit) or "
+         "seconds up to 172800 (the SSM limit of one command)"),
+        (["--time-limit", "600", "--stop-grace", "600"], "--stop-grace 600 leaves no time to "
+         "train within --time-limit 600: use fewer seconds than the limit"),
+        (["--stop-grace", "soon"], "--stop-grace 'soon' is not a number of seconds"),
+    ],
+)  # fmt: skip
+def test_launch_refuses_a_bad_time_limit(node: FakeNode, args: list[str], message: str) -> None:
+    result = node.run("launch.sh", *ONE, "--nproc-per-node", "1", *args)
+    assert result.returncode == 1
+    assert errors(result) == [message]
+
+
+def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> None:
+    leftover = tagged("an-older-job")
+    time.sleep(0.3)
+    try:
+        result = node.run("launch.sh", *ONE, "--nproc-per-node", "1")
+        assert result.returncode == 0, result.stderr
+        assert leftover.wait(timeout=10) == -signal.SIGTERM
+        assert "stopped processes left over from an earlier job or attempt" in result.stdout
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
 
 
 # --------------------------------------------------------------------------------- stop

@@ -1,5 +1,9 @@
 """The SSM Command documents: the contract the operations stack and the CLI rely on, and
-the allowed patterns that keep shell metacharacters away from the node scripts."""
+the allowed patterns that keep shell metacharacters away from the node scripts.
+
+Patterns are checked with Go's own regexp package (scripts/cluster_lib/ssm_agent/
+paramcheck.go, the calls the SSM agent makes), not only with Python's `re`: Go refuses
+repeat counts above 1000, nested counts multiplied, where Python accepts them."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.cluster_lib.documents import DOCUMENT_NAMES, load
+from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.documents import DOCUMENT_NAMES, Parameter, load
+from scripts.cluster_lib.ssm_agent import go_check, substitute
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = REPO_ROOT / "stacks" / "ssm_documents"
@@ -26,6 +32,8 @@ EXPECTED = {
             "MasterPort": "29500",
             "NprocPerNode": "auto",
             "TrainArgs": "",
+            "ExecutionTimeout": "172800",
+            "StopGraceSeconds": "1800",
         },
     ),
     "Precompile": (
@@ -50,6 +58,8 @@ GOOD = {
     "Port": ["29600"],
     "NprocPerNode": ["auto", "1", "32"],
     "Steps": ["10", "1"],
+    "ExecutionTimeout": ["172800", "3600", "60"],
+    "StopGraceSeconds": ["1800", "30"],
     "TrainArgs": [
         "",
         "--data /fsx/data/imdb --model tiny --max-steps 1000 --lr 3e-5",
@@ -100,13 +110,18 @@ def test_document_is_a_shell_command_document(name: str) -> None:
     step = content["mainSteps"][0]
     assert step["action"] == "aws:runShellScript"
     assert step["name"] == name
-    timeout = int(step["inputs"]["timeoutSeconds"])
+    defaults = {key: spec.get("default", "") for key, spec in content["parameters"].items()}
+    timeout = int(substitute(step["inputs"]["timeoutSeconds"], defaults))
     assert 60 <= timeout <= 172800  # SSM's limit for one invocation is 48 hours
     assert len(step["inputs"]["runCommand"]) == 1
 
 
-def test_training_runs_as_long_as_ssm_allows() -> None:
-    assert raw("RunTraining")["mainSteps"][0]["inputs"]["timeoutSeconds"] == "172800"
+def test_training_runs_as_long_as_ssm_allows_and_the_launcher_knows_the_limit() -> None:
+    step = raw("RunTraining")["mainSteps"][0]
+    assert step["inputs"]["timeoutSeconds"] == "{{ ExecutionTimeout }}"
+    assert raw("RunTraining")["parameters"]["ExecutionTimeout"]["default"] == "172800"
+    # launch.sh gets the same value, so it can end the leg itself before the agent kills it.
+    assert "--time-limit '{{ ExecutionTimeout }}'" in step["inputs"]["runCommand"][0]
 
 
 @pytest.mark.parametrize("name", DOCUMENT_NAMES)
@@ -121,8 +136,6 @@ def test_parameters_and_defaults_follow_the_contract(name: str) -> None:
         assert spec["allowedPattern"].startswith("^")
         assert spec["allowedPattern"].endswith("$")
         assert spec.get("default") == default
-        if default is not None:
-            assert re.search(spec["allowedPattern"], default), f"{name}.{key} default"
 
 
 @pytest.mark.parametrize("name", DOCUMENT_NAMES)
@@ -152,23 +165,100 @@ def test_options_in_the_command_are_ones_the_script_accepts(name: str) -> None:
         assert option in text.split("set -Eeuo pipefail", 1)[1], f"{script} does not parse {option}"
 
 
+def agent_check(parameter: Parameter, value: str | None) -> str | None:
+    """The agent's verdict on one value (None: accepted), from Go."""
+    return go_check([go_case(parameter, value)])[0]
+
+
+def go_case(parameter: Parameter, value: str | None) -> dict[str, Any]:
+    return {
+        "pattern": parameter.allowed_pattern,
+        "minChars": parameter.min_chars,
+        "maxChars": parameter.max_chars,
+        "value": value,
+    }
+
+
+def cli_accepts(parameter: Parameter, value: str) -> bool:
+    try:
+        parameter.check(value, parameter.name)
+    except ClusterError:
+        return False
+    return True
+
+
+def all_parameters() -> list[tuple[str, Parameter]]:
+    return [(name, p) for name in DOCUMENT_NAMES for p in load(name).parameters.values()]
+
+
+def test_every_pattern_compiles_with_the_agents_go_regexp() -> None:
+    parameters = all_parameters()
+    errors = go_check([go_case(p, None) for _, p in parameters])
+    failures = {f"{name}.{p.name}": e for (name, p), e in zip(parameters, errors, strict=True) if e}
+    assert failures == {}
+
+
+def test_go_refuses_the_repeat_counts_python_accepts() -> None:
+    """The checker can fail: Python compiles these, the agent's Go regexp does not."""
+    for pattern in (
+        "^[A-Za-z0-9 ._,=:/+-]{0,2048}$",
+        "^[0-9]{1,3}(\\.[0-9]{1,3}){3}(,[0-9]{1,3}(\\.[0-9]{1,3}){3}){0,255}$",
+    ):
+        re.compile(pattern)
+        (error,) = go_check([{"pattern": pattern, "value": None}])
+        assert error is not None and "invalid repeat count" in error
+
+
+def test_every_default_passes_the_agents_checks() -> None:
+    cases = [(n, p) for n, p in all_parameters() if p.default is not None]
+    errors = go_check([go_case(p, p.default) for _, p in cases])
+    assert [e for e in errors if e] == []
+
+
 @pytest.mark.parametrize("key", sorted(GOOD))
 def test_patterns_accept_ordinary_values(key: str) -> None:
-    for name in DOCUMENT_NAMES:
-        parameter = load(name).parameters.get(key)
-        if parameter is None:
-            continue
-        for value in GOOD[key]:
-            assert re.search(parameter.allowed_pattern, value), f"{name}.{key} refuses {value!r}"
-            parameter.check(value, key)
+    cases = [(n, p, v) for n, p in all_parameters() if p.name == key for v in GOOD[key]]
+    assert cases, key
+    errors = go_check([go_case(p, v) for _, p, v in cases])
+    for (name, parameter, value), error in zip(cases, errors, strict=True):
+        assert error is None, f"the agent refuses {name}.{key}={value!r}: {error}"
+        assert cli_accepts(parameter, value), f"the CLI refuses {name}.{key}={value!r}"
 
 
-@pytest.mark.parametrize("name", DOCUMENT_NAMES)
-@pytest.mark.parametrize("injection", INJECTIONS)
-def test_patterns_reject_shell_metacharacters(name: str, injection: str) -> None:
-    for key, parameter in load(name).parameters.items():
-        for value in (injection, f"{GOOD[key][-1]}{injection}", f"{injection}{GOOD[key][-1]}"):
-            assert not re.search(parameter.allowed_pattern, value), f"{name}.{key} allows {value!r}"
+def test_patterns_reject_shell_metacharacters() -> None:
+    cases = [
+        (name, parameter, value)
+        for name, parameter in all_parameters()
+        for injection in INJECTIONS
+        for value in (
+            injection,
+            f"{GOOD[parameter.name][-1]}{injection}",
+            f"{injection}{GOOD[parameter.name][-1]}",
+        )
+    ]
+    errors = go_check([go_case(p, v) for _, p, v in cases])
+    for (name, parameter, value), error in zip(cases, errors, strict=True):
+        assert error is not None, f"the agent allows {name}.{parameter.name}={value!r}"
+        label = f"{name}.{parameter.name}={value!r}"
+        assert not cli_accepts(parameter, value), f"the CLI allows {label}"
+
+
+def hosts(count: int) -> str:
+    return ",".join(f"10.0.{i // 200}.{100 + i % 200}" for i in range(count))
+
+
+def test_hosts_take_a_64_node_cluster_and_refuse_more() -> None:
+    """The cluster goes up to 64 nodes: the longest list of 64 addresses fits in maxChars."""
+    parameter = load("RunTraining").parameters["Hosts"]
+    widest = ",".join(["100.100.100.100"] * 64)
+    assert len(widest) == 1023
+    too_many = ",".join(["100.100.100.100"] * 65)
+    accepted, refused = go_check([go_case(parameter, widest), go_case(parameter, too_many)])
+    assert accepted is None
+    assert refused is not None and "maxChars" in refused
+    assert cli_accepts(parameter, widest) and cli_accepts(parameter, hosts(64))
+    with pytest.raises(ClusterError, match="at most 1023"):
+        parameter.check(too_many, "Hosts")
 
 
 @pytest.mark.parametrize(
@@ -185,21 +275,27 @@ def test_patterns_reject_shell_metacharacters(name: str, injection: str) -> None
         ("NprocPerNode", "0"),
         ("NprocPerNode", "all"),
         ("TrainArgs", "x" * 2049),
+        ("ExecutionTimeout", "0"),
+        ("ExecutionTimeout", "1728000"),
+        ("StopGraceSeconds", "-1"),
     ],
 )
 def test_patterns_reject_malformed_values(key: str, value: str) -> None:
     parameter = load("RunTraining").parameters[key]
-    assert not re.search(parameter.allowed_pattern, value)
+    assert agent_check(parameter, value) is not None
+    assert not cli_accepts(parameter, value)
 
 
 def test_rendered_command_splits_train_args_into_words() -> None:
     values = {
         "Hosts": "10.0.0.1,10.0.0.2", "JobId": "bert-1", "MasterPort": "29500",
         "NprocPerNode": "auto", "TrainArgs": "--model tiny --lr 3e-5",
+        "ExecutionTimeout": "172800", "StopGraceSeconds": "1800",
     }  # fmt: skip
-    command = PLACEHOLDER.sub(lambda m: values[m.group(1)], load("RunTraining").run_command[0])
+    command = substitute(load("RunTraining").run_command[0], values)
     assert shlex.split(command) == [
         "bash", "/opt/trainium-cluster/scripts/node/launch.sh", "--hosts", "10.0.0.1,10.0.0.2",
         "--job-id", "bert-1", "--master-port", "29500", "--nproc-per-node", "auto",
+        "--time-limit", "172800", "--stop-grace", "1800",
         "--", "--model", "tiny", "--lr", "3e-5",
     ]  # fmt: skip

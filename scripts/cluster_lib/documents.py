@@ -1,8 +1,11 @@
 """The SSM Command documents in stacks/ssm_documents/, as the CLI sees them.
 
 The operations stack deploys these files; the CLI reads the same files to check parameter
-values against each document's allowedPattern before sending anything, so a bad value gets
-a one-line error here instead of an SSM InvalidParameters response.
+values against each document's allowedPattern (and minChars/maxChars) before sending
+anything, so a bad value gets a one-line error here instead of a failed invocation on every
+node. The agent matches with Go's regexp `MatchString`, unanchored (see
+scripts/cluster_lib/ssm_agent/): `re.search` is the same call for the patterns the documents
+use, every one of which is anchored and checked against Go by tests/test_ssm_documents.py.
 """
 
 from __future__ import annotations
@@ -27,10 +30,20 @@ class Parameter:
     description: str
     allowed_pattern: str
     default: str | None
+    min_chars: int | None = None
+    max_chars: int | None = None
 
     def check(self, value: str, label: str) -> None:
-        """Raises ClusterError unless value matches the parameter's allowedPattern."""
-        if "\n" in value or "\r" in value or not re.fullmatch(self.allowed_pattern, value):
+        """Raises ClusterError unless value passes the parameter's allowedPattern and length."""
+        if self.max_chars is not None and len(value) > self.max_chars:
+            raise ClusterError(
+                f"{label} is {len(value)} characters long: at most {self.max_chars} are allowed"
+            )
+        if self.min_chars is not None and len(value) < self.min_chars:
+            raise ClusterError(
+                f"{label} {value!r} is too short: at least {self.min_chars} characters"
+            )
+        if "\n" in value or "\r" in value or not re.search(self.allowed_pattern, value):
             raise ClusterError(f"{label} {value!r} is not allowed: {self.description}")
 
 
@@ -70,6 +83,8 @@ def load(name: str) -> Document:
             description=" ".join(str(spec.get("description", "")).split()),
             allowed_pattern=spec["allowedPattern"],
             default=spec.get("default"),
+            min_chars=int(spec["minChars"]) if "minChars" in spec else None,
+            max_chars=int(spec["maxChars"]) if "maxChars" in spec else None,
         )
         for key, spec in content.get("parameters", {}).items()
     }

@@ -2,14 +2,20 @@
 # Starts this node's part of a multi-node data-parallel training job.
 #
 #   launch.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500] [--nproc-per-node auto|N]
-#             [--jobs-root /fsx/jobs] [--node-address ADDR] [--wrap CMD] [--dry-run]
-#             -- <train.py args>
+#             [--jobs-root /fsx/jobs] [--node-address ADDR] [--time-limit SECONDS]
+#             [--stop-grace 1800] [--wrap CMD] [--dry-run] -- <train.py args>
 #
 # Every node runs the same command line (the RunTraining SSM document sends it to all of
 # them). Each finds its rank as the position of its own address in --hosts; the first host
 # is the torchrun master. The job writes to <jobs-root>/<job-id>; running the same job ID
 # again resumes from its latest checkpoint (workload/train.py resumes from --output).
 # Output is also appended to <jobs-root>/<job-id>/logs/node-<rank>-<address>.log.
+# --time-limit is the SSM command's executionTimeout: --stop-grace seconds before it, the leg
+# ends itself (SIGTERM to the trainers, which save a checkpoint and exit) and launch.sh exits
+# with status 75, which tells the CLI to start the next leg (a resume) without counting a
+# retry. 0 (the default) sets no limit.
+# Whatever ends this script (a cancel or time-out SIGKILLs its process group), a watchdog in
+# a session of its own stops the processes it started: nothing of the leg outlives it.
 # --wrap runs torchrun under another command (precompile.sh uses neuron_parallel_compile);
 # --dry-run prints the environment and the torchrun command line instead of running it.
 set -Eeuo pipefail
@@ -20,12 +26,16 @@ trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 load_cluster_env || true
 
 hosts_arg="" job_id="" master_port=29500 nproc_arg=auto node_address_arg="" wrap="" dry_run=0
+time_limit=0 stop_grace=1800
 jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
 while (($#)); do
   case $1 in
-    --hosts | --job-id | --master-port | --nproc-per-node | --jobs-root | --node-address | --wrap)
+    --hosts | --job-id | --master-port | --nproc-per-node | --jobs-root | --node-address | --wrap | \
+      --time-limit | --stop-grace)
       (($# >= 2)) || die "$1 needs a value (see --help)"
       case $1 in
+        --time-limit) time_limit=$2 ;;
+        --stop-grace) stop_grace=$2 ;;
         --hosts) hosts_arg=$2 ;;
         --job-id) job_id=$2 ;;
         --master-port) master_port=$2 ;;
@@ -50,6 +60,13 @@ validate_port --master-port "$master_port"
 ((master_port < 65535)) || die "--master-port $master_port leaves no port for the Neuron root communicator (port + 1): use at most 65534"
 validate_nproc "$nproc_arg"
 parse_hosts "$hosts_arg"
+if [[ ! $time_limit =~ ^[0-9]{1,6}$ ]] || ((time_limit > 172800)); then
+  die "--time-limit '$time_limit' is not allowed: use 0 (no limit) or seconds up to 172800 (the SSM limit of one command)"
+fi
+[[ $stop_grace =~ ^[0-9]{1,6}$ ]] || die "--stop-grace '$stop_grace' is not a number of seconds"
+if ((time_limit > 0 && stop_grace >= time_limit)); then
+  die "--stop-grace $stop_grace leaves no time to train within --time-limit $time_limit: use fewer seconds than the limit"
+fi
 for arg in "${train_args[@]}"; do
   if [[ $arg == --output || $arg == --output=* ]]; then
     die "train.py arguments must not set --output: the job writes to <jobs-root>/<job-id>"
@@ -67,8 +84,11 @@ workload_parent="$(cd "$WORKLOAD_DIR/.." && pwd)"
 export PYTHONPATH="$workload_parent${PYTHONPATH:+:$PYTHONPATH}"
 output_dir="$jobs_root/$job_id"
 
-# Tags every process of this job so that stop.sh (and the next attempt) can find them.
+# Tags every process of this job so that stop.sh (and the next attempt) can find them, and
+# this leg's so that its watchdog ends them and nothing else.
+leg="$(date +%s)-$$"
 export TRAINIUM_JOB_ID="$job_id" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" TRAINIUM_NODE_RANK="$NODE_RANK"
+export TRAINIUM_LEG="$leg"
 
 command=(torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK"
   --master_addr "${HOSTS[0]}" --master_port "$MASTER_PORT" --nproc_per_node "$NPROC"
@@ -96,17 +116,40 @@ exec > >(env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}
 
 log "job $job_id: node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS), $NPROC processes, master ${HOSTS[0]}:$MASTER_PORT"
 log "output: $output_dir"
-if stop_job "$job_id" 30 "$NODE_ADDRESS"; then
-  log "stopped processes left over from an earlier attempt of job $job_id"
+# One job at a time per node: whatever a job left behind holds the NeuronCores.
+if stop_job "*" 30 "$NODE_ADDRESS"; then
+  log "stopped processes left over from an earlier job or attempt"
 fi
 cd "$workload_parent"
+WATCHDOG_LOG="$LOG_DIR/watchdog.log"
+[[ -w $LOG_DIR ]] || WATCHDOG_LOG=/dev/null
+start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" 60
 log "running: ${command[*]}"
 
-start=$(date +%s)
 "${command[@]}" &
 child=$!
 # Forward a stop request to torchrun, which passes it on to its workers.
 trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT HUP
+# The leg's end: SIGTERM to the trainers themselves (torchrun's children), not to torchrun,
+# which would SIGKILL its workers 30 s later, too soon for a large checkpoint.
+leg_ended=0
+# shellcheck disable=SC2317  # runs from the USR1 trap
+end_leg() {
+  leg_ended=1
+  log "job $job_id: leg time limit reached ($((SECONDS)) s of $time_limit, $stop_grace s kept to save): asking the trainers to checkpoint and exit"
+  pkill -TERM -P "$child" 2>/dev/null || true
+}
+timer=""
+if ((time_limit > 0)); then
+  leg_seconds=$((time_limit - stop_grace - SECONDS))
+  ((leg_seconds > 0)) || leg_seconds=1
+  (
+    trap - TERM
+    sleep "$leg_seconds" && kill -USR1 $$ 2>/dev/null
+  ) &
+  timer=$!
+  trap end_leg USR1
+fi
 status=0
 while true; do
   wait "$child" || status=$?
@@ -114,10 +157,16 @@ while true; do
   kill -0 "$child" 2>/dev/null || break
   status=0
 done
-trap - TERM INT HUP
-if ((status == 0)); then
-  log "job $job_id: torchrun finished on node rank $NODE_RANK after $(($(date +%s) - start)) s"
+trap - TERM INT HUP USR1
+if [[ -n $timer ]]; then
+  kill "$timer" 2>/dev/null || true
+fi
+if ((status == 0 && leg_ended)); then
+  log "job $job_id: leg ended at its time limit after $SECONDS s with a checkpoint on node rank $NODE_RANK: the next leg resumes it"
+  exit 75
+elif ((status == 0)); then
+  log "job $job_id: torchrun finished on node rank $NODE_RANK after $SECONDS s"
 else
-  log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $(($(date +%s) - start)) s"
+  log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $SECONDS s"
 fi
 exit "$status"

@@ -7,6 +7,12 @@
 #   TRAINIUM_CLUSTER_ENV  cluster settings file       (/etc/trainium-cluster/cluster.env)
 #   TRAINIUM_STATE_DIR    ready marker and lock       (/var/lib/trainium-cluster)
 #   TRAINIUM_LOG_DIR      node-local logs             (/var/log/trainium-cluster)
+#
+# Run Command starts these scripts with `sh` under the SSM agent's systemd service: root, no
+# login profile, and systemd's plain PATH (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
+# /sbin:/bin; aws/amazon-ssm-agent agent/executers/executers.go passes the agent's own
+# environment). The Neuron tools (/opt/aws/neuron/bin) and EFA's (/opt/amazon/efa/bin) are
+# not on it, and HOME may be unset: node_path below adds what the scripts need.
 
 # shellcheck disable=SC2034  # variables below are read by the scripts that source this file
 NODE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,6 +21,11 @@ ENV_FILE="${TRAINIUM_CLUSTER_ENV:-/etc/trainium-cluster/cluster.env}"
 STATE_DIR="${TRAINIUM_STATE_DIR:-/var/lib/trainium-cluster}"
 LOG_DIR="${TRAINIUM_LOG_DIR:-/var/log/trainium-cluster}"
 READY_MARKER="$STATE_DIR/ready"
+# Written by bootstrap on every boot: AMI_ID, LAUNCH_TEMPLATE_VERSION, SOFTWARE_VERSION, ...
+NODE_ENV_FILE="${TRAINIUM_NODE_ENV:-$(dirname "$ENV_FILE")/node.env}"
+# Where the Neuron DLAMI installs the Neuron and EFA tools (Neuron DLAMI and EFA user guides).
+NEURON_TOOLS_DIR=/opt/aws/neuron/bin
+EFA_TOOLS_DIR=/opt/amazon/efa/bin
 SCRIPT_NAME="$(basename "${0%.sh}")"
 
 JOB_ID_PATTERN='^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'
@@ -59,12 +70,29 @@ phase() {
   CURRENT_PHASE=""
 }
 
-# Loads cluster.env (KEY=VALUE lines written by the instance user data) when present.
+# Puts the Neuron and EFA tool folders on PATH (where they exist) and gives HOME a value.
+node_path() {
+  local dir
+  for dir in "$EFA_TOOLS_DIR" "$NEURON_TOOLS_DIR"; do
+    if [[ -d $dir && ":$PATH:" != *":$dir:"* ]]; then
+      PATH="$dir:$PATH"
+    fi
+  done
+  export PATH HOME="${HOME:-/root}"
+}
+node_path
+
+# Loads cluster.env (KEY=VALUE lines written by the instance user data) and node.env (written
+# by bootstrap) when present.
 load_cluster_env() {
   if [[ -f $ENV_FILE ]]; then
     set -a
     # shellcheck disable=SC1090  # the path is chosen at run time
     source "$ENV_FILE"
+    if [[ -f $NODE_ENV_FILE ]]; then
+      # shellcheck disable=SC1090
+      source "$NODE_ENV_FILE"
+    fi
     set +a
     return 0
   fi
@@ -213,13 +241,17 @@ export_job_environment() {
   fi
 }
 
-# Puts torchrun on PATH: the DLAMI's Neuron venv when present, else whatever PATH has.
+# Puts torchrun on PATH: the DLAMI's Neuron venv when present (and the workload's venv
+# layered over it, when bootstrap made one), else whatever PATH has.
 activate_python() {
   if [[ -n ${NEURON_VENV:-} && -f $NEURON_VENV/bin/activate ]]; then
     set +u
     # shellcheck disable=SC1091  # the DLAMI's venv exists only on the nodes
     source "$NEURON_VENV/bin/activate"
     set -u
+  fi
+  if [[ -n ${WORKLOAD_VENV:-} && -x $WORKLOAD_VENV/bin/python ]]; then
+    PATH="$WORKLOAD_VENV/bin:$PATH"
   fi
   command -v torchrun >/dev/null 2>&1 ||
     die "torchrun not found: set NEURON_VENV to the Neuron venv or put a Python environment with torch on PATH"
@@ -233,15 +265,24 @@ require_ready() {
 }
 
 # Process IDs on this machine that belong to a job: launch.sh tags every process it starts
-# with TRAINIUM_JOB_ID (and TRAINIUM_NODE_ADDRESS) in its environment, which survives
-# re-parenting when a launcher dies. job_pids <job-id> [node-address]
+# with TRAINIUM_JOB_ID (and TRAINIUM_NODE_ADDRESS, TRAINIUM_LEG) in its environment, which
+# survives re-parenting when a launcher dies and new sessions (torchrun starts each worker
+# with start_new_session=True). job_pids <job-id|*> [node-address] [leg]; "*" matches any job.
 job_pids() {
-  local job=$1 node=${2:-} files pid
-  files=$(grep -lzxF "TRAINIUM_JOB_ID=$job" /proc/[0-9]*/environ 2>/dev/null || true)
+  local job=$1 node=${2:-} leg=${3:-} files pid
+  if [[ $job == "*" ]]; then
+    files=$(grep -lzE "^TRAINIUM_JOB_ID=.+" /proc/[0-9]*/environ 2>/dev/null || true)
+  else
+    files=$(grep -lzxF "TRAINIUM_JOB_ID=$job" /proc/[0-9]*/environ 2>/dev/null || true)
+  fi
   [[ -n $files ]] || return 0
   if [[ -n $node ]]; then
     # shellcheck disable=SC2086  # one file name per word
     files=$(grep -lzxF "TRAINIUM_NODE_ADDRESS=$node" $files 2>/dev/null || true)
+  fi
+  if [[ -n $leg && -n $files ]]; then
+    # shellcheck disable=SC2086
+    files=$(grep -lzxF "TRAINIUM_LEG=$leg" $files 2>/dev/null || true)
   fi
   for pid in $files; do
     pid=${pid#/proc/}
@@ -253,10 +294,10 @@ job_pids() {
 }
 
 # Sends SIGTERM to a job's processes, waits up to <grace> seconds, then SIGKILLs what is
-# left. stop_job <job-id> <grace-seconds> [node-address]
+# left. stop_job <job-id|*> <grace-seconds> [node-address] [leg]
 stop_job() {
-  local job=$1 grace=$2 node=${3:-} pids waited=0
-  pids=$(job_pids "$job" "$node")
+  local job=$1 grace=$2 node=${3:-} leg=${4:-} pids waited=0
+  pids=$(job_pids "$job" "$node" "$leg")
   if [[ -z $pids ]]; then
     return 1
   fi
@@ -264,16 +305,44 @@ stop_job() {
   # shellcheck disable=SC2086
   kill -TERM $pids 2>/dev/null || true
   while ((waited < grace)); do
-    pids=$(job_pids "$job" "$node")
+    pids=$(job_pids "$job" "$node" "$leg")
     [[ -z $pids ]] && return 0
     sleep 1
     waited=$((waited + 1))
   done
-  pids=$(job_pids "$job" "$node")
+  pids=$(job_pids "$job" "$node" "$leg")
   if [[ -n $pids ]]; then
     log "sending SIGKILL to processes still running after ${grace} s: $(paste -sd' ' <<<"$pids")"
     # shellcheck disable=SC2086
     kill -KILL $pids 2>/dev/null || true
   fi
   return 0
+}
+
+# Start time of a process (field 22 of /proc/<pid>/stat), to tell it from a later one that
+# reuses its PID.
+process_start_time() {
+  awk '{sub(/^.*\) /, ""); print $20}' "/proc/$1/stat" 2>/dev/null || true
+}
+
+# Ends a leg's processes when the script that started them dies, however it dies. The SSM
+# agent ends a cancelled or timed-out command with SIGKILL to the script's process group
+# (aws/amazon-ssm-agent agent/executers/executers_unix.go killProcess): no trap runs, and
+# torchrun's workers live in sessions of their own (start_new_session=True), so without
+# this they would keep the NeuronCores and go on training. The watchdog runs in a session
+# of its own, untagged, polls the script every second, and then stops the leg's processes
+# (SIGTERM, <grace> seconds, SIGKILL). start_leg_watchdog <job-id> <node-address> <leg> <grace>
+start_leg_watchdog() {
+  local job=$1 node=$2 leg=$3 grace=$4 parent=$$ started
+  started=$(process_start_time "$parent")
+  # shellcheck disable=SC2016  # the inner script expands its own positional arguments
+  setsid env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS -u TRAINIUM_NODE_RANK -u TRAINIUM_LEG \
+    TRAINIUM_WATCHDOG=1 bash -c '
+      source "$1"
+      SCRIPT_NAME=watchdog
+      while [[ $(process_start_time "$2") == "$3" ]]; do sleep 1; done
+      if stop_job "$4" "$7" "$5" "$6"; then
+        log "launcher of job $4 (leg $6) is gone: stopped the processes it left"
+      fi' watchdog "$NODE_DIR/lib.sh" "$parent" "$started" "$job" "$node" "$leg" "$grace" \
+    </dev/null >>"${WATCHDOG_LOG:-/dev/null}" 2>&1 &
 }
