@@ -12,7 +12,7 @@ import aws_cdk as cdk
 
 from stacks.compute import ComputeStack
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
-from stacks.nag import add_security_checks
+from stacks.nag import add_security_checks, explain_cdk_handlers
 from stacks.network import NetworkStack
 from stacks.operations import OperationsStack
 from stacks.storage import StorageStack
@@ -73,4 +73,5 @@ def build_cluster(app: cdk.App, config: ClusterConfig) -> Cluster:
     )
     cdk.Tags.of(app).add(CLUSTER_TAG_KEY, name)
     add_security_checks(app)
+    explain_cdk_handlers(app)
     return Cluster(network=network, storage=storage, operations=operations, compute=compute)

@@ -4,10 +4,16 @@ cluster placement group, and an Auto Scaling group of fixed size that replaces f
 Nodes get their software from two S3 assets (the repository's scripts/node and workload
 folders); user data only downloads them, writes /etc/trainium-cluster/cluster.env and runs
 bootstrap.sh. All node logic lives in scripts/node/*.sh.
+
+A node counts as in service only once bootstrap.sh has completed the group's launch lifecycle
+hook with CONTINUE; a failed bootstrap completes it with ABANDON (or the hook times out), and
+the group replaces the node. With a Capacity Block the group starts empty and scheduled actions
+scale it to node_count when the block starts and to 0 before it ends.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,15 @@ NEURON_VENV = "/opt/aws_neuronx_venv_pytorch_2_9"
 ROOT_DEVICE_NAME = "/dev/sda1"
 #: Time a new node gets to boot and bootstrap before its status checks count.
 HEALTH_CHECK_GRACE = cdk.Duration.minutes(15)
+#: How long a new node may stay in Pending:Wait before the launch hook's default result
+#: (ABANDON: the group terminates it and launches another). Bootstrap installs the Lustre client
+#: and Python packages; it records a heartbeat if it needs longer.
+BOOTSTRAP_TIMEOUT = cdk.Duration.minutes(45)
+#: Where bootstrap.sh assembles the instance store (a RAID 0 of its NVMe volumes) for the
+#: compiler's work directory and temporary files.
+SCRATCH_DIR = "/scratch"
+#: Instance tag carrying the software version, so `cluster.py status` can show it per node.
+SOFTWARE_VERSION_TAG_KEY = "trainium-cluster:software-version"
 ASG_NOTIFICATIONS = [
     "autoscaling:EC2_INSTANCE_LAUNCH",
     "autoscaling:EC2_INSTANCE_LAUNCH_ERROR",
@@ -46,10 +61,16 @@ ASG_NOTIFICATIONS = [
 
 
 def network_interfaces(
-    *, efa_interfaces: int, security_group_id: str
+    *, efa_interfaces: int, efa_only: bool, security_group_id: str
 ) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
-    """One EFA interface per network card: card 0 at device index 0, the others at 1.
+    """One EFA interface per network card.
 
+    Card 0 carries the primary interface, `efa` (EFA and ENA: the node's address) at device
+    index 0. Where the type supports it, every other card carries an `efa-only` interface at
+    device index 0 (an EFA device with no IP address: 15 private addresses fewer per trn1n or
+    trn2 node), as EC2's guidance for types with several network cards lays out
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html); elsewhere
+    the other cards carry `efa` interfaces at device index 1.
     The subnet comes from the Auto Scaling group (a launch template used by a group names none).
     An instance type without EFA gets one ordinary interface.
     """
@@ -59,17 +80,26 @@ def network_interfaces(
                 device_index=0, groups=[security_group_id], delete_on_termination=True
             )
         ]
-    return [
-        ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+
+    def interface(card: int) -> ec2.CfnLaunchTemplate.NetworkInterfaceProperty:
+        kind = "efa-only" if card > 0 and efa_only else "efa"
+        return ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
             network_card_index=card,
-            device_index=0 if card == 0 else 1,
-            interface_type="efa",
+            device_index=0 if card == 0 or efa_only else 1,
+            interface_type=kind,
             groups=[security_group_id],
             delete_on_termination=True,
-            description=f"EFA on network card {card}",
+            description=f"{kind} on network card {card}",
         )
-        for card in range(efa_interfaces)
-    ]
+
+    return [interface(card) for card in range(efa_interfaces)]
+
+
+def software_version(asset_hashes: list[str]) -> str:
+    """16 hex digits naming the node software: a digest of the node-scripts and workload asset
+    hashes. Two nodes with the same value run the same scripts and workload."""
+    digest = hashlib.sha256("\n".join(asset_hashes).encode()).hexdigest()
+    return digest[:16]
 
 
 class NodeRole(Construct):
@@ -136,10 +166,31 @@ class NodeRole(Construct):
             ),
             iam.PolicyStatement(
                 sid="DescribeOwnInstance",
-                # Read-only calls the CloudWatch agent makes to label metrics; they have no
-                # resource type.
-                actions=["ec2:DescribeTags", "ec2:DescribeVolumes"],
+                # Read-only calls that have no resource type: the CloudWatch agent labels
+                # metrics with them, bootstrap reads the instance's launch template version
+                # tag (aws:ec2launchtemplate:version) and finds its Auto Scaling group.
+                actions=[
+                    "ec2:DescribeTags",
+                    "ec2:DescribeVolumes",
+                    "autoscaling:DescribeAutoScalingInstances",
+                ],
                 resources=["*"],
+            ),
+            iam.PolicyStatement(
+                sid="CompleteBootstrapLifecycleHook",
+                # Bootstrap ends the launch hook (CONTINUE or ABANDON) of its own group only.
+                actions=[
+                    "autoscaling:CompleteLifecycleAction",
+                    "autoscaling:RecordLifecycleActionHeartbeat",
+                ],
+                resources=[
+                    stack.format_arn(
+                        service="autoscaling",
+                        resource="autoScalingGroup",
+                        resource_name=f"*:autoScalingGroupName/{config.auto_scaling_group_name}",
+                        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
             ),
         ]
         self.policy = iam.ManagedPolicy(
@@ -153,7 +204,16 @@ class NodeRole(Construct):
             self.policy,
             "AwsSolutions-IAM5[Resource::*]",
             "cloudwatch:PutMetricData (limited to the cluster's namespace by a condition), "
-            "ec2:DescribeTags and ec2:DescribeVolumes support no resource-level permissions.",
+            "ec2:DescribeTags, ec2:DescribeVolumes and autoscaling:DescribeAutoScalingInstances "
+            "support no resource-level permissions.",
+        )
+        acknowledge(
+            self.policy,
+            f"AwsSolutions-IAM5[Resource::arn:{RegionInfo.get(config.region).partition}:"
+            f"autoscaling:{config.region}:<AWS::AccountId>:autoScalingGroup:*:"
+            f"autoScalingGroupName/{config.auto_scaling_group_name}]",
+            "An Auto Scaling group ARN contains a UUID assigned at creation; the wildcard "
+            "stands for that UUID only, the group name is fixed.",
         )
         acknowledge(
             self.policy,
@@ -182,6 +242,7 @@ class ClusterNodes(Construct):
         instance_profile: iam.InstanceProfile,
         user_data: ec2.UserData,
         alarm_topic: sns.ITopic,
+        software_version: str,
     ) -> None:
         super().__init__(scope, construct_id)
         if config.ami.startswith("ami-"):
@@ -191,13 +252,18 @@ class ClusterNodes(Construct):
             # template version runs the same image, even when the parameter moves on.
             image_id = ec2.MachineImage.from_ssm_parameter(config.ami).get_image(self).image_id
         # Nodes of a Capacity Block are already placed close together (EC2 UltraClusters) and
-        # launch where the block is; everything else goes into a cluster placement group.
+        # launch where the block is; an On-Demand Capacity Reservation serves only the placement
+        # group it was made in (placement_group_name); everything else goes into a new cluster
+        # placement group.
         self.placement_group = (
-            None
-            if config.capacity_block
-            else ec2.PlacementGroup(
-                self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
-            )
+            ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+            if not config.capacity_block and not config.placement_group_name
+            else None
+        )
+        placement_group_name = (
+            self.placement_group.placement_group_name
+            if self.placement_group
+            else config.placement_group_name or None
         )
         capacity = None
         market = None
@@ -214,6 +280,7 @@ class ClusterNodes(Construct):
         tags = [
             cdk.CfnTag(key=CLUSTER_TAG_KEY, value=config.cluster_name),
             cdk.CfnTag(key=ROLE_TAG_KEY, value=WORKER_ROLE),
+            cdk.CfnTag(key=SOFTWARE_VERSION_TAG_KEY, value=software_version),
         ]
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
@@ -226,12 +293,16 @@ class ClusterNodes(Construct):
                 ),
                 network_interfaces=network_interfaces(
                     efa_interfaces=config.instance.efa_interfaces,
+                    efa_only=config.instance.efa_only_interfaces,
                     security_group_id=security_group.security_group_id,
                 ),
                 metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
                     http_tokens="required",
                     http_endpoint="enabled",
                     http_put_response_hop_limit=1,
+                    # Bootstrap reads aws:ec2launchtemplate:version and
+                    # aws:autoscaling:groupName from IMDS, with no API call.
+                    instance_metadata_tags="enabled",
                 ),
                 block_device_mappings=[
                     ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
@@ -252,27 +323,40 @@ class ClusterNodes(Construct):
                     ec2.CfnLaunchTemplate.TagSpecificationProperty(
                         resource_type=resource_type, tags=tags
                     )
-                    for resource_type in ("volume", "network-interface")
+                    for resource_type in ("instance", "volume", "network-interface")
                 ],
             ),
         )
+        # A Capacity Block cannot launch before it starts: the group starts empty and the
+        # scheduled actions below size it (Auto Scaling user guide, "Use Capacity Blocks for
+        # machine learning workloads").
+        initial = "0" if config.capacity_block else str(config.node_count)
+        self.lifecycle_hook_name = config.lifecycle_hook_name
         self.auto_scaling_group = autoscaling.CfnAutoScalingGroup(
             self,
             "AutoScalingGroup",
             auto_scaling_group_name=config.auto_scaling_group_name,
-            min_size=str(config.node_count),
+            min_size=initial,
             max_size=str(config.node_count),
-            desired_capacity=str(config.node_count),
+            desired_capacity=initial,
             vpc_zone_identifier=[subnet.subnet_id],
-            placement_group=self.placement_group.placement_group_name
-            if self.placement_group
-            else None,
+            placement_group=placement_group_name,
             launch_template=autoscaling.CfnAutoScalingGroup.LaunchTemplateSpecificationProperty(
                 launch_template_id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number,
             ),
             health_check_type="EC2",
             health_check_grace_period=int(HEALTH_CHECK_GRACE.to_seconds()),
+            # Part of the group itself, not a separate LifecycleHook resource: the first nodes
+            # launch while the group is created and must wait for bootstrap too.
+            lifecycle_hook_specification_list=[
+                autoscaling.CfnAutoScalingGroup.LifecycleHookSpecificationProperty(
+                    lifecycle_hook_name=self.lifecycle_hook_name,
+                    lifecycle_transition="autoscaling:EC2_INSTANCE_LAUNCHING",
+                    heartbeat_timeout=int(BOOTSTRAP_TIMEOUT.to_seconds()),
+                    default_result="ABANDON",
+                )
+            ],
             metrics_collection=[
                 autoscaling.CfnAutoScalingGroup.MetricsCollectionProperty(granularity="1Minute")
             ],
@@ -282,6 +366,9 @@ class ClusterNodes(Construct):
                 )
             ],
         )
+        self.scheduled_actions: list[autoscaling.CfnScheduledAction] = []
+        if config.capacity_block:
+            self._schedule_capacity_block(config)
         cdk.Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, WORKER_ROLE)
         cdk.Tags.of(self.auto_scaling_group).add("Name", f"{config.cluster_name}-worker")
         acknowledge(
@@ -289,6 +376,37 @@ class ClusterNodes(Construct):
             ["AwsSolutions-AS2", "NIST.800.53.R5-AutoScalingGroupELBHealthCheckRequired"],
             "Training nodes serve no load balancer; EC2 status checks detect failed nodes, "
             "which the group replaces.",
+        )
+
+    def _schedule_capacity_block(self, config: ClusterConfig) -> None:
+        group = self.auto_scaling_group
+        self.scheduled_actions = [
+            autoscaling.CfnScheduledAction(
+                self,
+                "ScaleOutAtBlockStart",
+                auto_scaling_group_name=group.ref,
+                start_time=config.capacity_block_scale_out_time,
+                min_size=config.node_count,
+                max_size=config.node_count,
+                desired_capacity=config.node_count,
+            ),
+            # Before EC2 reclaims the block (30 minutes before its end), so that the group does
+            # not keep launching into a reservation that is gone.
+            autoscaling.CfnScheduledAction(
+                self,
+                "ScaleInBeforeBlockEnd",
+                auto_scaling_group_name=group.ref,
+                start_time=config.capacity_block_scale_in_time,
+                min_size=0,
+                desired_capacity=0,
+            ),
+        ]
+        # Without this, every stack update resets the group to the template's 0 nodes while the
+        # block runs (CloudFormation UpdatePolicy, AutoScalingScheduledAction).
+        group.cfn_options.update_policy = cdk.CfnUpdatePolicy(
+            auto_scaling_scheduled_action=cdk.CfnAutoScalingScheduledAction(
+                ignore_unmodified_group_size_properties=True
+            )
         )
 
 
@@ -323,6 +441,7 @@ class ComputeStack(cdk.Stack):
             training_log_group=training_log_group,
             assets=[node_scripts, workload],
         )
+        version = software_version([node_scripts.asset_hash, workload.asset_hash])
         env = {
             "CLUSTER_NAME": config.cluster_name,
             "AWS_REGION": config.region,
@@ -339,6 +458,11 @@ class ComputeStack(cdk.Stack):
             "WORKLOAD_DIR": f"{INSTALL_ROOT}/workload",
             "NEURON_VENV": NEURON_VENV,
             "METRICS_NAMESPACE": config.metrics_namespace,
+            "SOFTWARE_VERSION": version,
+            "INTERNET_EGRESS": config.internet_egress,
+            "LIFECYCLE_HOOK_NAME": config.lifecycle_hook_name,
+            # Empty where the type has no instance store: scratch stays on the root volume.
+            "SCRATCH_DIR": SCRATCH_DIR if config.instance.instance_store_volumes else "",
         }
         self.user_data = node_user_data(
             region=config.region, node_scripts=node_scripts, workload=workload, env=env
@@ -352,6 +476,16 @@ class ComputeStack(cdk.Stack):
             instance_profile=role.instance_profile,
             user_data=self.user_data,
             alarm_topic=alarm_topic,
+            software_version=version,
+        )
+        self.software_version = version
+        # What the nodes should run; `cluster.py status` compares each node with these.
+        cdk.CfnOutput(self, "SoftwareVersion", value=version)
+        cdk.CfnOutput(self, "LaunchTemplateId", value=self.nodes.launch_template.ref)
+        cdk.CfnOutput(
+            self,
+            "LaunchTemplateVersion",
+            value=self.nodes.launch_template.attr_latest_version_number,
         )
         self.node_role = role
         self.launch_template = self.nodes.launch_template

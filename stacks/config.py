@@ -12,6 +12,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES, InstanceTypeSpec
@@ -40,6 +41,16 @@ FSX_THROUGHPUTS = (125, 250, 500, 1000)  # PERSISTENT_2 tiers, MB/s per TiB of s
 ROOT_VOLUME_MIN_GIB = 100  # the Neuron DLAMI's root snapshot does not fit in less
 ROOT_VOLUME_MAX_GIB = 16384  # the largest gp3 volume
 INTERNET_EGRESS_CHOICES = ("nat", "endpoints")
+#: EC2 starts terminating a Capacity Block's instances 30 minutes before the block ends, and the
+#: Auto Scaling guide says to scale the group to zero before that ("Use Capacity Blocks for
+#: machine learning workloads", Operational guidelines:
+#: https://docs.aws.amazon.com/autoscaling/ec2/userguide/launch-template-capacity-blocks.html).
+CAPACITY_BLOCK_RECLAIM_MINUTES = 30
+#: Scale-in lead time: at least the reclaim window plus 5 minutes for Auto Scaling to act.
+DRAIN_MIN_MINUTES = CAPACITY_BLOCK_RECLAIM_MINUTES + 5
+DRAIN_MAX_MINUTES = 24 * 60
+#: The format of capacity_block_start/end (UTC), as CloudFormation's scheduled actions take it.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 #: The retention periods CloudWatch Logs accepts, in days.
 LOG_RETENTION_DAYS = (
     1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -54,6 +65,8 @@ _AZ_ID_RE = re.compile(r"^([a-z]+\d+)-az\d+$")
 _AMI_ID_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _SSM_PARAMETER_RE = re.compile(r"^(?:/[A-Za-z0-9_.-]+)+$")
 _CAPACITY_RESERVATION_RE = re.compile(r"^cr-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+#: EC2 placement group names: up to 255 ASCII characters; this project allows the safe subset.
+_PLACEMENT_GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 _EMAIL_RE = re.compile(r"^[^@\s,;'\"]+@[^@\s,;'\"]+\.[A-Za-z]{2,}$")
 _TRUE = ("true", "yes", "1", "on")
 _FALSE = ("false", "no", "0", "off")
@@ -118,6 +131,24 @@ class ClusterConfig:
     capacity_reservation_id: str = _setting("", "cr- and 8 or 17 hex digits, or empty for none")
     #: True when capacity_reservation_id is a Capacity Block for ML.
     capacity_block: bool = _setting(False, "true or false")
+    #: The Capacity Block's start and end (UTC): the group scales to node_count at the start and
+    #: to 0 capacity_block_drain_minutes before the end.
+    capacity_block_start: str = _setting(
+        "", "the block's start time in UTC, such as 2026-12-01T11:30:00Z, or empty"
+    )
+    capacity_block_end: str = _setting(
+        "", "the block's end time in UTC, such as 2026-12-08T11:30:00Z, or empty"
+    )
+    capacity_block_drain_minutes: int = _setting(
+        60,
+        f"{DRAIN_MIN_MINUTES} to {DRAIN_MAX_MINUTES} (EC2 reclaims a block's instances from "
+        f"{CAPACITY_BLOCK_RECLAIM_MINUTES} minutes before its end)",
+    )
+    #: An existing cluster placement group to launch into (the one an On-Demand Capacity
+    #: Reservation was made in); empty: the stack creates one (none with a Capacity Block).
+    placement_group_name: str = _setting(
+        "", "the name of an existing cluster placement group, or empty to create one"
+    )
     #: nat: a NAT gateway gives the nodes internet egress; endpoints: VPC endpoints only.
     internet_egress: str = _setting(
         "nat", "nat (a NAT gateway) or endpoints (VPC endpoints only, no internet)"
@@ -139,6 +170,7 @@ class ClusterConfig:
             self.instance_type in CLUSTER_INSTANCE_TYPES, "instance_type", "not supported"
         )
         object.__setattr__(self, "instance", INSTANCE_TYPES[self.instance_type])
+        az_id_given = bool(self.az_id)
         if self.instance.regions and self.region not in self.instance.regions:
             raise ConfigError(
                 f"instance_type={self.instance_type} is not offered in region={self.region}; "
@@ -185,7 +217,15 @@ class ClusterConfig:
                 "capacity_block=true is not allowed without a reservation; allowed: "
                 "capacity_block=true together with capacity_reservation_id=<the block's cr- ID>"
             )
+        self._check_capacity(az_id_given)
         self._require(self.internet_egress in INTERNET_EGRESS_CHOICES, "internet_egress")
+        if self.internet_egress == "endpoints" and not _AMI_ID_RE.match(self.ami):
+            raise ConfigError(
+                f"internet_egress=endpoints is not allowed with ami={self.ami}: with no internet "
+                "the nodes cannot install the Lustre client or Python packages, and an SSM "
+                "parameter may move to an image that lacks them; allowed: a pinned ami-... that "
+                "carries all software, or internet_egress=nat"
+            )
         self._require(
             not self.alarm_email or bool(_EMAIL_RE.match(self.alarm_email)),
             "alarm_email",
@@ -196,6 +236,85 @@ class ClusterConfig:
             "log_retention_days",
             "not a retention CloudWatch Logs offers",
         )
+
+    def _check_capacity(self, az_id_given: bool) -> None:
+        """Reservations, Capacity Blocks and placement groups: only combinations that launch."""
+        self._require(
+            not self.placement_group_name
+            or bool(_PLACEMENT_GROUP_RE.match(self.placement_group_name)),
+            "placement_group_name",
+            "not a placement group name",
+        )
+        if self.capacity_reservation_id and not az_id_given:
+            raise ConfigError(
+                f"capacity_reservation_id={self.capacity_reservation_id} needs an explicit az_id: "
+                "a reservation serves one Availability Zone and the nodes' subnet must be in it; "
+                "allowed: az_id=<the reservation's zone ID>, such as "
+                f"{DEFAULT_AZ_IDS.get(self.region, az_id_prefix(self.region) + '-az1')}"
+            )
+        block_times = {k: getattr(self, k) for k in ("capacity_block_start", "capacity_block_end")}
+        if not self.capacity_block:
+            given = [k for k, v in block_times.items() if v]
+            if given:
+                raise ConfigError(
+                    f"{given[0]}={block_times[given[0]]} is only used with a Capacity Block; "
+                    "allowed: capacity_block=true with capacity_reservation_id, or "
+                    f"{given[0]} empty"
+                )
+            if self.capacity_reservation_id and not self.placement_group_name:
+                raise ConfigError(
+                    f"capacity_reservation_id={self.capacity_reservation_id} needs "
+                    "placement_group_name: an On-Demand Capacity Reservation for trn capacity is "
+                    "made in a cluster placement group and serves only instances launched into "
+                    "that group, so a new group would never use it; allowed: "
+                    "placement_group_name=<the reservation's placement group>"
+                )
+            return
+        if self.placement_group_name:
+            raise ConfigError(
+                f"placement_group_name={self.placement_group_name} is not allowed with "
+                "capacity_block=true: a Capacity Block places its instances itself (EC2 "
+                "UltraClusters) and launches into no placement group; allowed: "
+                "placement_group_name empty"
+            )
+        times = {}
+        for key, value in block_times.items():
+            if not value:
+                raise ConfigError(
+                    f"capacity_block=true needs {key}: the group starts at 0 and scheduled "
+                    f"actions scale it at the block's start and before its end; allowed: "
+                    f"{_allowed(key)}"
+                )
+            try:
+                times[key] = datetime.strptime(value, TIME_FORMAT).replace(tzinfo=UTC)
+            except ValueError:
+                raise ConfigError(
+                    f"{key}={value!r} is not a UTC time; allowed: {_allowed(key)}"
+                ) from None
+        self._require(
+            DRAIN_MIN_MINUTES <= self.capacity_block_drain_minutes <= DRAIN_MAX_MINUTES,
+            "capacity_block_drain_minutes",
+            "out of range",
+        )
+        start, end = times["capacity_block_start"], times["capacity_block_end"]
+        if end - start <= timedelta(minutes=self.capacity_block_drain_minutes):
+            raise ConfigError(
+                f"capacity_block_end={self.capacity_block_end} leaves no time after "
+                f"capacity_block_start={self.capacity_block_start} once the group scales in "
+                f"capacity_block_drain_minutes={self.capacity_block_drain_minutes} before the "
+                "end; allowed: an end later than the start by more than the drain minutes"
+            )
+
+    @property
+    def capacity_block_scale_out_time(self) -> str:
+        """When the group scales to node_count: the block's start (UTC, TIME_FORMAT)."""
+        return self.capacity_block_start
+
+    @property
+    def capacity_block_scale_in_time(self) -> str:
+        """When the group scales to 0: capacity_block_drain_minutes before the block's end."""
+        end = datetime.strptime(self.capacity_block_end, TIME_FORMAT)
+        return (end - timedelta(minutes=self.capacity_block_drain_minutes)).strftime(TIME_FORMAT)
 
     def _require(self, ok: bool, key: str, problem: str = "not allowed") -> None:
         if not ok:
@@ -234,6 +353,11 @@ class ClusterConfig:
     def auto_scaling_group_name(self) -> str:
         """A physical name, so that the operations stack can watch the group it does not own."""
         return f"{self.cluster_name}-workers"
+
+    @property
+    def lifecycle_hook_name(self) -> str:
+        """The group's launch lifecycle hook, which bootstrap.sh completes (cluster.env)."""
+        return f"{self.cluster_name}-bootstrap"
 
     @property
     def metrics_namespace(self) -> str:

@@ -30,6 +30,19 @@ class InstanceTypeSpec:
     network_gbps: float
     #: Network cards that carry an EFA interface (0 = no EFA, so no multi-node training).
     efa_interfaces: int
+    #: Whether the cards after card 0 take `efa-only` interfaces (EFA device, no ENA device and
+    #: no private IP address). EC2's guidance for instance types with several network cards,
+    #: "Maximize network bandwidth on Amazon EC2 instances with multiple network cards"
+    #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), and the
+    #: EFA-only section of the EFA guide (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+    #: efa.html#efa-only): EFA-only interfaces need a Nitro v4 or later type; trn1, trn1n, trn2
+    #: and p5 are, p4d (Nitro v3) is not.
+    efa_only_interfaces: bool
+    #: NVMe instance store volumes and the size of each, in GB (0 = none). From the EC2 docs'
+    #: "Instance store volume limits" table
+    #: (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html#ac_instance-store).
+    instance_store_volumes: int
+    instance_store_volume_gb: int
     #: Dense bf16 peak per device, in TFLOP/s (the MFU denominator).
     bf16_tflops_per_device: float
     #: On-demand $/h in PRICE_REGION, or None where no price was published when taken.
@@ -45,6 +58,10 @@ class InstanceTypeSpec:
     @property
     def supports_multi_node(self) -> bool:
         return self.efa_interfaces > 0
+
+    @property
+    def instance_store_gb(self) -> int:
+        return self.instance_store_volumes * self.instance_store_volume_gb
 
     @property
     def peak_bf16_tflops(self) -> float:
@@ -65,6 +82,9 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 memory_gib=32,
                 network_gbps=12.5,
                 efa_interfaces=0,
+                efa_only_interfaces=False,
+                instance_store_volumes=1,
+                instance_store_volume_gb=474,
                 bf16_tflops_per_device=95.0,
                 on_demand_usd_per_hour=1.34,
                 regions=("us-east-1", "us-east-2", "us-west-2"),
@@ -79,6 +99,9 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 memory_gib=512,
                 network_gbps=800,
                 efa_interfaces=8,
+                efa_only_interfaces=True,
+                instance_store_volumes=4,
+                instance_store_volume_gb=1900,
                 bf16_tflops_per_device=95.0,
                 on_demand_usd_per_hour=21.50,
                 regions=("us-east-1", "us-east-2", "us-west-2"),
@@ -93,6 +116,9 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 memory_gib=512,
                 network_gbps=1600,
                 efa_interfaces=16,
+                efa_only_interfaces=True,
+                instance_store_volumes=4,
+                instance_store_volume_gb=1900,
                 bf16_tflops_per_device=95.0,
                 on_demand_usd_per_hour=24.78,
                 regions=("us-east-1", "us-east-2", "us-west-2"),
@@ -109,6 +135,9 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 memory_gib=2048,
                 network_gbps=3200,
                 efa_interfaces=16,
+                efa_only_interfaces=True,
+                instance_store_volumes=4,
+                instance_store_volume_gb=1900,
                 bf16_tflops_per_device=166.75,  # 667 TFLOP/s dense bf16 per chip / 4
                 on_demand_usd_per_hour=None,
                 regions=("us-east-2", "ap-south-2"),
@@ -123,6 +152,9 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 memory_gib=1152,
                 network_gbps=400,
                 efa_interfaces=4,
+                efa_only_interfaces=False,
+                instance_store_volumes=8,
+                instance_store_volume_gb=1000,
                 bf16_tflops_per_device=312.0,
                 on_demand_usd_per_hour=32.77,
             ),
@@ -136,6 +168,9 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 memory_gib=2048,
                 network_gbps=3200,
                 efa_interfaces=32,
+                efa_only_interfaces=True,
+                instance_store_volumes=8,
+                instance_store_volume_gb=3840,
                 bf16_tflops_per_device=989.0,
                 on_demand_usd_per_hour=55.04,
             ),

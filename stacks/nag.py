@@ -24,6 +24,47 @@ def add_security_checks(app: cdk.App) -> None:
     )
 
 
+#: What aws-cdk-lib's own custom-resource handlers (emptying a bucket on delete, removing the
+#: default security group's rules) would be flagged for if cdk-nag inspected them: it does not,
+#: because aws-cdk-lib writes them as plain CfnResources, but any scanner reading the template
+#: sees a Lambda function and a role. The reasons go into the template either way.
+CDK_HANDLER_RULES = (
+    "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+    "AWSLambdaBasicExecutionRole]",
+    "AwsSolutions-L1",
+    "NIST.800.53.R5-IAMNoInlinePolicy",
+    "NIST.800.53.R5-LambdaConcurrency",
+    "NIST.800.53.R5-LambdaDLQ",
+    "NIST.800.53.R5-LambdaInsideVPC",
+)
+CDK_HANDLER_REASON = (
+    "A handler that aws-cdk-lib ships for its own custom resource and runs only while "
+    "CloudFormation deploys or deletes the stack: its runtime, its role (the AWS managed "
+    "AWSLambdaBasicExecutionRole for its logs, plus the few actions on this stack's resources "
+    "it needs), no reserved concurrency, no dead-letter queue and no VPC are chosen by "
+    "aws-cdk-lib."
+)
+#: cfn-lint's W3005: the handler has both a DependsOn and a GetAtt on its role.
+CDK_HANDLER_LINT = {
+    "W3005": "aws-cdk-lib writes both a DependsOn and a GetAtt on the handler's role; the "
+    "duplicate dependency is harmless and not ours to edit."
+}
+
+
+def explain_cdk_handlers(scope: IConstruct) -> None:
+    """Put the reasons for aws-cdk-lib's custom-resource handlers into their template metadata:
+    cdk_nag.rules_to_suppress (rule and reason) and cfn-lint's ignore_checks."""
+    for construct in scope.node.find_all():
+        if not isinstance(construct, cdk.CustomResourceProviderBase):
+            continue
+        acknowledge(construct, CDK_HANDLER_RULES, CDK_HANDLER_REASON)
+        for check, reason in CDK_HANDLER_LINT.items():
+            acknowledge(construct, f"CloudFormation-Validate::{check}", reason)
+        handler = construct.node.try_find_child("Handler")
+        assert isinstance(handler, cdk.CfnResource), construct.node.path
+        handler.add_metadata("cfn-lint", {"config": {"ignore_checks": list(CDK_HANDLER_LINT)}})
+
+
 def acknowledge(construct: IConstruct | None, rule_ids: str | Iterable[str], reason: str) -> None:
     """Acknowledge findings on `construct` (and the resources under it) with one reason."""
     assert construct is not None, "acknowledge() needs a construct"

@@ -27,8 +27,12 @@ PUBLIC_SUBNET_MASK = 24
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 
 #: Interface endpoints the nodes need with no internet: Session Manager and Run Command (ssm,
-#: ssmmessages, ec2messages), training logs (logs) and the CloudWatch agent's metrics (monitoring).
+#: ssmmessages, ec2messages), training logs (logs), the CloudWatch agent's and bootstrap's
+#: metrics (monitoring), bootstrap's lifecycle hook calls (autoscaling) and the EC2 calls of the
+#: CloudWatch agent and bootstrap (ec2: DescribeTags, DescribeVolumes).
 INTERFACE_ENDPOINTS = {
+    "AutoScalingEndpoint": ec2.InterfaceVpcEndpointAwsService.AUTOSCALING,
+    "Ec2Endpoint": ec2.InterfaceVpcEndpointAwsService.EC2,
     "SsmEndpoint": ec2.InterfaceVpcEndpointAwsService.SSM,
     "SsmMessagesEndpoint": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
     "Ec2MessagesEndpoint": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
@@ -155,6 +159,11 @@ class NetworkStack(cdk.Stack):
             )
             self.efa_security_group.add_egress_rule(
                 self.fsx_security_group, port, "Lustre to the file system"
+            )
+            # Lustre servers also open connections to the clients on these ports
+            # (FSx for Lustre guide, "File system access control with Amazon VPC").
+            self.efa_security_group.add_ingress_rule(
+                self.fsx_security_group, port, "Lustre from the file system"
             )
 
         self.endpoint_security_group = ec2.SecurityGroup(

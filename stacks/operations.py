@@ -98,26 +98,15 @@ class OperationsStack(cdk.Stack):
                 conditions={"StringEquals": {"aws:SourceAccount": self.account}},
             )
         )
+        # The Auto Scaling service-linked role publishes the group's notifications. A key policy
+        # may only name a principal that exists: the role exists once the account has had an
+        # Auto Scaling group (README: `aws iam create-service-linked-role` on a new account).
         self.key.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="AllowAutoScalingNotifications",
-                # The Auto Scaling service-linked role may not exist yet when this key is
-                # created, so name it in a condition rather than as the principal.
-                principals=[iam.AnyPrincipal()],
+                principals=[iam.ArnPrincipal(self.auto_scaling_service_role_arn)],
                 actions=["kms:Decrypt", "kms:GenerateDataKey*"],
                 resources=["*"],
-                conditions={
-                    "StringEquals": {"kms:CallerAccount": self.account},
-                    "ArnEquals": {
-                        "aws:PrincipalArn": self.format_arn(
-                            service="iam",
-                            region="",
-                            resource="role",
-                            resource_name="aws-service-role/autoscaling.amazonaws.com/"
-                            "AWSServiceRoleForAutoScaling",
-                        )
-                    },
-                },
             )
         )
         topic = sns.Topic(
@@ -130,6 +119,15 @@ class OperationsStack(cdk.Stack):
         if config.alarm_email:
             topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
         return topic
+
+    @property
+    def auto_scaling_service_role_arn(self) -> str:
+        return self.format_arn(
+            service="iam",
+            region="",
+            resource="role",
+            resource_name="aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling",
+        )
 
     # Metrics -----------------------------------------------------------------------------
 
@@ -306,6 +304,27 @@ class OperationsStack(cdk.Stack):
             ),
             cloudwatch.Alarm(
                 self,
+                "BootstrapFailedAlarm",
+                alarm_description=(
+                    "bootstrap.sh failed on a node (BootstrapFailures): the node ended its launch "
+                    "lifecycle hook with ABANDON and the group replaces it. Repeated failures "
+                    "mean every new node fails: read /var/log/trainium-cluster/bootstrap.log."
+                ),
+                metric=cloudwatch.Metric(
+                    namespace=config.metrics_namespace,
+                    metric_name="BootstrapFailures",
+                    dimensions_map={"ClusterName": config.cluster_name},
+                    statistic="Sum",
+                    label="Bootstrap failures",
+                    period=FIVE_MINUTES,
+                ),
+                threshold=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                evaluation_periods=1,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            ),
+            cloudwatch.Alarm(
+                self,
                 "FsxStorageLowAlarm",
                 alarm_description="Less than 10% of the FSx for Lustre file system is free.",
                 metric=self._fsx_metric(
@@ -336,11 +355,25 @@ class OperationsStack(cdk.Stack):
             "CompileCacheBucketName": storage.compile_cache_bucket.bucket_name,
             "FsxMountName": storage.file_system.attr_lustre_mount_name,
             "FsxDnsName": storage.file_system.attr_dns_name,
+            # For the export before destroy: a data repository task on these paths.
+            "FileSystemId": storage.file_system.ref,
+            "ExportPaths": ",".join(storage.export_paths),
+            "LifecycleHookName": config.lifecycle_hook_name,
             "AlarmTopicArn": self.alarm_topic.topic_arn,
             "DashboardName": self.dashboard.dashboard_name,
         }
         for key, value in values.items():
             cdk.CfnOutput(self, key, value=value)
+        # Several outputs repeat the storage stack's exports (imports, cfn-lint W6001) on
+        # purpose: the operator CLI reads one stack's outputs only.
+        self.template_options.metadata = {
+            "cfn-lint": {"config": {"ignore_checks": ["W6001"]}},
+            "Reasons": {
+                "cfn-lint W6001": "Outputs such as FileSystemId and DataBucketName repeat the "
+                "storage stack's values on purpose: scripts/cluster.py reads the outputs of "
+                "this one stack, and the strong reference keeps them current."
+            },
+        }
 
 
 def ssm_document(scope: Construct, name: str, content: dict[str, Any]) -> ssm.CfnDocument:

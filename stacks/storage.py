@@ -234,6 +234,10 @@ class LustreFileSystem(Construct):
             bucket=checkpoint_bucket,
             export_events=["NEW", "CHANGED", "DELETED"],
         )
+        # One after the other: FSx can fail associations created on one file system at the same
+        # time ("does not have the required permissions for the S3 bucket").
+        self.jobs_association.add_resource_dependency(self.data_association)
+        self.associations = [self.data_association, self.jobs_association]
 
     def _associate(
         self, construct_id: str, *, path: str, bucket: s3.IBucket, export_events: list[str]
@@ -285,6 +289,9 @@ class StorageStack(cdk.Stack):
             checkpoint_bucket=self.checkpoint_bucket,
         )
         self.file_system = lustre.file_system
+        #: The file-system paths linked to S3 (/data, /jobs; on the nodes under /fsx), relative
+        #: to the file system's root as data repository tasks take them.
+        self.export_paths = [str(a.file_system_path) for a in lustre.associations]
         self.node_access_policy = self._node_access_policy(config)
 
     def _node_access_policy(self, config: ClusterConfig) -> iam.ManagedPolicy:

@@ -128,19 +128,37 @@ def mask_volatile(*, data: Any, path: Any) -> Any:
     return data
 
 
-#: One synth that flips every switch away from its default, shared by the stack tests.
+#: One synth that flips every switch away from its default, shared by the stack tests: no NAT
+#: (so a pinned AMI), data not retained, a Capacity Block.
 ALTERNATIVE_SETTINGS: dict[str, str] = {
     "cluster_name": "research",
     "region": "us-west-2",
+    "az_id": "usw2-az4",
     "internet_egress": "endpoints",
     "retain_data": "false",
     "capacity_reservation_id": "cr-0123456789abcdef0",
     "capacity_block": "true",
+    "capacity_block_start": "2026-12-01T11:30:00Z",
+    "capacity_block_end": "2026-12-08T11:30:00Z",
+    "capacity_block_drain_minutes": "90",
     "ami": "ami-0123456789abcdef0",
     "alarm_email": "ops@example.com",
     "node_count": "4",
 }
 
+#: An On-Demand Capacity Reservation made in an existing cluster placement group.
+ODCR_SETTINGS: dict[str, str] = {
+    "instance_type": "trn1n.32xlarge",
+    "az_id": "use1-az6",
+    "capacity_reservation_id": "cr-0fedcba9876543210",
+    "placement_group_name": "trn1n-odcr-group",
+    "node_count": "8",
+}
+
 
 def alternative() -> Synth:
     return synth(**ALTERNATIVE_SETTINGS)
+
+
+def odcr() -> Synth:
+    return synth(**ODCR_SETTINGS)

@@ -21,6 +21,22 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
 
 
+#: A valid Capacity Block: a reservation, its zone and its times.
+CAPACITY_BLOCK = {
+    "capacity_reservation_id": "cr-0123456789abcdef0",
+    "capacity_block": "true",
+    "az_id": "use1-az6",
+    "capacity_block_start": "2026-12-01T11:30:00Z",
+    "capacity_block_end": "2026-12-08T11:30:00Z",
+}
+#: A valid On-Demand Capacity Reservation made in an existing cluster placement group.
+ODCR = {
+    "capacity_reservation_id": "cr-0123456789abcdef0",
+    "az_id": "use1-az6",
+    "placement_group_name": "trn-odcr",
+}
+
+
 def from_context(**context: Any) -> ClusterConfig:
     """Build a config the way app.py does, from a context of CLI-style strings."""
     return ClusterConfig.from_context(context.get, context)
@@ -50,8 +66,12 @@ def test_cli_strings_are_parsed() -> None:
         retain_data="false",
         capacity_block="TRUE",
         capacity_reservation_id="cr-0123456789abcdef0",
+        capacity_block_start="2026-12-01T11:30:00Z",
+        capacity_block_end="2026-12-02T11:30:00Z",
+        capacity_block_drain_minutes="45",
         fsx_storage_gib="4800",
         region="us-west-2",
+        az_id="usw2-az4",
         instance_type="trn1n.32xlarge",
         ami="ami-0123456789abcdef0",
         internet_egress="endpoints",
@@ -62,6 +82,20 @@ def test_cli_strings_are_parsed() -> None:
     assert config.fsx_storage_gib == 4800
     assert config.az_id == DEFAULT_AZ_IDS["us-west-2"]
     assert config.instance.efa_interfaces == 16
+    assert config.capacity_block_drain_minutes == 45
+
+
+def test_capacity_block_schedule() -> None:
+    config = from_context(**CAPACITY_BLOCK, capacity_block_drain_minutes="50")
+    assert config.capacity_block_scale_out_time == "2026-12-01T11:30:00Z"
+    # 50 minutes before the end: 20 minutes before EC2 starts reclaiming the block.
+    assert config.capacity_block_scale_in_time == "2026-12-08T10:40:00Z"
+
+
+def test_odcr_in_an_existing_placement_group() -> None:
+    config = from_context(**ODCR)
+    assert config.placement_group_name == "trn-odcr"
+    assert config.az_id == "use1-az6"
 
 
 @pytest.mark.parametrize(
@@ -131,7 +165,65 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
         ({"root_volume_gib": "50"}, "root_volume_gib=50 is out of range; allowed: 100 to 16384"),
         ({"capacity_reservation_id": "cr-xyz"}, "capacity_reservation_id='cr-xyz' is not a "),
         ({"capacity_block": "true"}, "capacity_block=true is not allowed without a reservation"),
-        ({"internet_egress": "none"}, "internet_egress='none' is not allowed; allowed: nat"),
+        (
+            {**CAPACITY_BLOCK, "az_id": ""},
+            "capacity_reservation_id=cr-0123456789abcdef0 needs an explicit az_id: a "
+            "reservation serves one Availability Zone",
+        ),
+        (
+            {**ODCR, "az_id": ""},
+            "capacity_reservation_id=cr-0123456789abcdef0 needs an explicit az_id",
+        ),
+        (
+            {**ODCR, "placement_group_name": ""},
+            "capacity_reservation_id=cr-0123456789abcdef0 needs placement_group_name: an "
+            "On-Demand Capacity Reservation for trn capacity is made in a cluster placement group",
+        ),
+        (
+            {**CAPACITY_BLOCK, "placement_group_name": "trn-odcr"},
+            "placement_group_name=trn-odcr is not allowed with capacity_block=true",
+        ),
+        ({"placement_group_name": "bad name"}, "placement_group_name='bad name' is not a "),
+        (
+            {**CAPACITY_BLOCK, "capacity_block_start": ""},
+            "capacity_block=true needs capacity_block_start: the group starts at 0",
+        ),
+        (
+            {**CAPACITY_BLOCK, "capacity_block_end": ""},
+            "capacity_block=true needs capacity_block_end",
+        ),
+        (
+            {**CAPACITY_BLOCK, "capacity_block_start": "2026-12-01 11:30"},
+            "capacity_block_start='2026-12-01 11:30' is not a UTC time; allowed: the block's "
+            "start time in UTC, such as 2026-12-01T11:30:00Z",
+        ),
+        (
+            {**CAPACITY_BLOCK, "capacity_block_end": "2026-12-01T11:30:00Z"},
+            "capacity_block_end=2026-12-01T11:30:00Z leaves no time after "
+            "capacity_block_start=2026-12-01T11:30:00Z",
+        ),
+        (
+            {**CAPACITY_BLOCK, "capacity_block_end": "2026-12-01T12:00:00Z"},
+            "capacity_block_end=2026-12-01T12:00:00Z leaves no time",
+        ),
+        (
+            {**CAPACITY_BLOCK, "capacity_block_drain_minutes": "30"},
+            "capacity_block_drain_minutes=30 is out of range; allowed: 35 to 1440 (EC2 reclaims "
+            "a block's instances from 30 minutes before its end)",
+        ),
+        (
+            {"capacity_block_start": "2026-12-01T11:30:00Z"},
+            "capacity_block_start=2026-12-01T11:30:00Z is only used with a Capacity Block",
+        ),
+        (
+            {"internet_egress": "endpoints"},
+            f"internet_egress=endpoints is not allowed with ami={DEFAULT_AMI_PARAMETER}: with no "
+            "internet the nodes cannot install",
+        ),
+        (
+            {"internet_egress": "none", "ami": "ami-0123456789abcdef0"},
+            "internet_egress='none' is not allowed; allowed: nat",
+        ),
         ({"retain_data": "maybe"}, "retain_data='maybe' is not a boolean; allowed: true or false"),
         ({"alarm_email": "ops"}, "alarm_email='ops' is not an email address"),
         ({"log_retention_days": "10"}, "log_retention_days=10 is not a retention"),
@@ -146,6 +238,15 @@ def test_bad_values_are_refused_with_one_line(context: dict[str, str], message: 
     text = str(raised.value)
     assert text.startswith(message)
     assert "\n" not in text
+
+
+def test_endpoints_with_a_pinned_ami_is_allowed() -> None:
+    config = from_context(internet_egress="endpoints", ami="ami-0123456789abcdef0")
+    assert config.internet_egress == "endpoints"
+
+
+def test_existing_placement_group_without_reservation_is_allowed() -> None:
+    assert from_context(placement_group_name="my-group").placement_group_name == "my-group"
 
 
 def test_single_node_without_efa_is_allowed() -> None:
@@ -175,3 +276,14 @@ def test_names_derived_from_the_config() -> None:
     assert config.auto_scaling_group_name == "demo-workers"
     assert config.metrics_namespace == "TrainiumCluster/demo"
     assert config.stack_name("compute") == "demo-compute"
+    assert config.lifecycle_hook_name == "demo-bootstrap"
+
+
+def test_instance_table_records_efa_only_and_instance_store() -> None:
+    for name in ("trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge"):
+        spec = INSTANCE_TYPES[name]
+        assert spec.efa_only_interfaces is True, name
+        assert (spec.instance_store_volumes, spec.instance_store_volume_gb) == (4, 1900), name
+    assert INSTANCE_TYPES["trn1.32xlarge"].instance_store_gb == 7600
+    assert INSTANCE_TYPES["trn1.2xlarge"].efa_only_interfaces is False  # no EFA at all
+    assert INSTANCE_TYPES["p4d.24xlarge"].efa_only_interfaces is False

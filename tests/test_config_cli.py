@@ -55,6 +55,23 @@ BAD_SETTINGS = [
         "trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
         id="multi-node-without-efa",
     ),
+    pytest.param(
+        ["internet_egress=endpoints"],
+        "error: internet_egress=endpoints is not allowed with ami=/aws/service/neuron/dlami/"
+        "pytorch-2.9/ubuntu-24.04/latest/image_id: with no internet the nodes cannot install "
+        "the Lustre client or Python packages, and an SSM parameter may move to an image that "
+        "lacks them; allowed: a pinned ami-... that carries all software, or "
+        "internet_egress=nat",
+        id="endpoints-without-pinned-ami",
+    ),
+    pytest.param(
+        ["capacity_reservation_id=cr-0123456789abcdef0", "az_id=use1-az6"],
+        "error: capacity_reservation_id=cr-0123456789abcdef0 needs placement_group_name: an "
+        "On-Demand Capacity Reservation for trn capacity is made in a cluster placement group "
+        "and serves only instances launched into that group, so a new group would never use "
+        "it; allowed: placement_group_name=<the reservation's placement group>",
+        id="odcr-without-placement-group",
+    ),
 ]
 
 

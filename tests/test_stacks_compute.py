@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
+from stacks.compute import software_version
 from stacks.config import CLUSTER_TAG_KEY, ROLE_TAG_KEY
 from stacks.instance_types import INSTANCE_TYPES
-from tests.cdk_support import Synth, alternative, flatten, only_resource, resources, synth
+from tests.cdk_support import (
+    Synth,
+    alternative,
+    flatten,
+    odcr,
+    only_resource,
+    resources,
+    synth,
+)
 
 CLUSTER_ENV_KEYS = (
     "CLUSTER_NAME",
@@ -25,6 +35,10 @@ CLUSTER_ENV_KEYS = (
     "TRAINING_LOG_GROUP",
     "WORKLOAD_DIR",
     "NEURON_VENV",
+    "SOFTWARE_VERSION",
+    "INTERNET_EGRESS",
+    "LIFECYCLE_HOOK_NAME",
+    "SCRATCH_DIR",
 )
 
 
@@ -43,13 +57,27 @@ def user_data_lines(synthesized: Synth) -> list[str]:
     return flatten(launch_template_data(synthesized)["UserData"]).splitlines()
 
 
+def cluster_env(synthesized: Synth) -> dict[str, str]:
+    lines = user_data_lines(synthesized)
+    start = lines.index("cat > /etc/trainium-cluster/cluster.env <<'CLUSTER_ENV'")
+    end = lines.index("CLUSTER_ENV", start)
+    return dict(line.split("=", 1) for line in lines[start + 1 : end])
+
+
+def group_properties(synthesized: Synth) -> dict[str, Any]:
+    group = only_resource(synthesized.templates["compute"], "AWS::AutoScaling::AutoScalingGroup")
+    props: dict[str, Any] = group["Properties"]
+    return props
+
+
 def assert_efa_interfaces(data: dict[str, Any], expected: int) -> None:
+    """Card 0: `efa` (the node's address); every other card: `efa-only` at device index 0."""
     interfaces = data["NetworkInterfaces"]
     assert len(interfaces) == expected
     for card, interface in enumerate(interfaces):
         assert interface["NetworkCardIndex"] == card
-        assert interface["DeviceIndex"] == (0 if card == 0 else 1)
-        assert interface["InterfaceType"] == "efa"
+        assert interface["DeviceIndex"] == 0
+        assert interface["InterfaceType"] == ("efa" if card == 0 else "efa-only")
         assert interface["DeleteOnTermination"] is True
         assert len(interface["Groups"]) == 1
         assert "EfaSecurityGroup" in flatten(interface["Groups"][0])
@@ -62,10 +90,19 @@ def test_one_efa_interface_per_network_card(default: Synth) -> None:
     assert INSTANCE_TYPES["trn1.32xlarge"].efa_interfaces == 8
 
 
+def test_efa_only_interfaces_leave_one_address_per_node() -> None:
+    data = launch_template_data(odcr())  # trn1n.32xlarge: 16 cards
+    assert_efa_interfaces(data, 16)
+    with_address = [i for i in data["NetworkInterfaces"] if i["InterfaceType"] != "efa-only"]
+    assert len(with_address) == 1  # 15 private addresses fewer than one `efa` per card
+
+
 def test_imdsv2_is_required(default: Synth) -> None:
     options = launch_template_data(default)["MetadataOptions"]
     assert options["HttpTokens"] == "required"
     assert options["HttpPutResponseHopLimit"] == 1
+    # Bootstrap reads its launch template version and group name from the instance's tags.
+    assert options["InstanceMetadataTags"] == "enabled"
 
 
 def test_root_volume_is_encrypted_gp3(default: Synth) -> None:
@@ -97,9 +134,65 @@ def test_pinned_ami_and_capacity_block() -> None:
     # A Capacity Block places its instances itself: no placement group of ours.
     template = synthesized.templates["compute"]
     assert not resources(template, "AWS::EC2::PlacementGroup")
-    group = only_resource(template, "AWS::AutoScaling::AutoScalingGroup")["Properties"]
-    assert "PlacementGroup" not in group
-    assert group["DesiredCapacity"] == "4"
+    assert "PlacementGroup" not in group_properties(synthesized)
+
+
+def _group_size_over_time(synthesized: Synth, at: str) -> int:
+    """The desired capacity at UTC time `at`: the group's, then each scheduled action's whose
+    time has come, in time order (what Auto Scaling does with one-time actions)."""
+    template = synthesized.templates["compute"]
+    desired = int(group_properties(synthesized)["DesiredCapacity"])
+    actions = sorted(
+        (
+            a["Properties"]
+            for a in resources(template, "AWS::AutoScaling::ScheduledAction").values()
+        ),
+        key=lambda p: p["StartTime"],
+    )
+    for action in actions:
+        if action["StartTime"] <= at:  # the format sorts as text
+            desired = action["DesiredCapacity"]
+    return desired
+
+
+def test_capacity_block_group_is_empty_until_the_block_starts() -> None:
+    synthesized = alternative()  # block 2026-12-01T11:30Z to 2026-12-08T11:30Z, drain 90 min
+    props = group_properties(synthesized)
+    assert (props["MinSize"], props["MaxSize"], props["DesiredCapacity"]) == ("0", "4", "0")
+    assert _group_size_over_time(synthesized, "2026-11-30T00:00:00Z") == 0
+    assert _group_size_over_time(synthesized, "2026-12-01T11:30:00Z") == 4
+    assert _group_size_over_time(synthesized, "2026-12-08T09:59:59Z") == 4
+    # Scaled in 90 minutes before the end: an hour before EC2 starts reclaiming the block.
+    assert _group_size_over_time(synthesized, "2026-12-08T10:00:00Z") == 0
+    template = synthesized.templates["compute"]
+    (group_id,) = resources(template, "AWS::AutoScaling::AutoScalingGroup")
+    for action in resources(template, "AWS::AutoScaling::ScheduledAction").values():
+        assert action["Properties"]["AutoScalingGroupName"] == {"Ref": group_id}
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", action["Properties"]["StartTime"])
+        assert "Recurrence" not in action["Properties"]  # once, not every day
+
+
+def test_stack_updates_keep_the_scheduled_group_size() -> None:
+    template = alternative().templates["compute"]
+    group = only_resource(template, "AWS::AutoScaling::AutoScalingGroup")
+    assert group["UpdatePolicy"] == {
+        "AutoScalingScheduledAction": {"IgnoreUnmodifiedGroupSizeProperties": True}
+    }
+
+
+def test_odcr_launches_into_its_existing_placement_group() -> None:
+    synthesized = odcr()
+    template = synthesized.templates["compute"]
+    assert not resources(template, "AWS::EC2::PlacementGroup")
+    props = group_properties(synthesized)
+    assert props["PlacementGroup"] == "trn1n-odcr-group"
+    assert props["MinSize"] == props["DesiredCapacity"] == "8"
+    assert not resources(template, "AWS::AutoScaling::ScheduledAction")
+    data = launch_template_data(synthesized)
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0fedcba9876543210"}
+    }
+    assert "InstanceMarketOptions" not in data
 
 
 def test_no_reservation_by_default(default: Synth) -> None:
@@ -129,6 +222,62 @@ def test_auto_scaling_group_has_fixed_size_in_one_subnet(default: Synth) -> None
         "Fn::GetAtt": [launch_template_id, "LatestVersionNumber"]
     }
     assert group["NotificationConfigurations"][0]["TopicARN"]
+    assert not resources(template, "AWS::AutoScaling::ScheduledAction")
+
+
+def test_nodes_wait_in_service_for_bootstrap(default: Synth) -> None:
+    """The launch hook is part of the group (so the first nodes wait too); a node whose
+    bootstrap never answers is abandoned and replaced; cluster.env names the hook."""
+    template = default.templates["compute"]
+    assert not resources(template, "AWS::AutoScaling::LifecycleHook")
+    (hook,) = group_properties(default)["LifecycleHookSpecificationList"]
+    assert hook == {
+        "LifecycleHookName": "trainium-bootstrap",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+        "HeartbeatTimeout": 2700,
+        "DefaultResult": "ABANDON",
+    }
+    assert cluster_env(default)["LIFECYCLE_HOOK_NAME"] == hook["LifecycleHookName"]
+
+
+def test_nodes_may_complete_only_their_own_groups_hook(default: Synth) -> None:
+    policy = only_resource(default.templates["compute"], "AWS::IAM::ManagedPolicy")
+    statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    hook = statements["CompleteBootstrapLifecycleHook"]
+    assert sorted(hook["Action"]) == [
+        "autoscaling:CompleteLifecycleAction",
+        "autoscaling:RecordLifecycleActionHeartbeat",
+    ]
+    resource = flatten(hook["Resource"])
+    assert resource.startswith("arn:")
+    assert resource.endswith(":autoScalingGroup:*:autoScalingGroupName/trainium-workers")
+    # Finding the group needs a describe call, which has no resource type.
+    assert "autoscaling:DescribeAutoScalingInstances" in statements["DescribeOwnInstance"]["Action"]
+
+
+def test_software_version_names_the_node_software(default: Synth) -> None:
+    """SOFTWARE_VERSION is the digest of the two asset hashes that the user data downloads, so
+    any change to scripts/node or workload/ gives a new version; nodes carry it as a tag."""
+    keys = re.findall(r"/([0-9a-f]{64})\.zip'", "\n".join(user_data_lines(default)))
+    assert len(keys) == 2
+    version = cluster_env(default)["SOFTWARE_VERSION"]
+    assert version == software_version(keys)
+    assert re.fullmatch(r"[0-9a-f]{16}", version)
+    assert software_version([keys[0], "0" * 64]) != version
+    assert software_version([keys[1], keys[0]]) != version  # order matters: scripts, workload
+    specs = launch_template_data(default)["TagSpecifications"]
+    instance_tags = next(s["Tags"] for s in specs if s["ResourceType"] == "instance")
+    assert {"Key": "trainium-cluster:software-version", "Value": version} in instance_tags
+    outputs = default.templates["compute"]["Outputs"]
+    assert outputs["SoftwareVersion"]["Value"] == version
+    assert "LaunchTemplateVersion" in outputs
+
+
+def test_cluster_env_carries_egress_and_scratch(default: Synth) -> None:
+    env = cluster_env(default)
+    assert env["INTERNET_EGRESS"] == "nat"
+    assert env["SCRATCH_DIR"] == "/scratch"  # trn1.32xlarge: 4 x 1900 GB NVMe
+    assert cluster_env(alternative())["INTERNET_EGRESS"] == "endpoints"
 
 
 def test_nodes_carry_the_tags_the_operator_tooling_uses(default: Synth) -> None:
@@ -150,9 +299,7 @@ def test_user_data_only_unpacks_writes_env_and_bootstraps(default: Synth) -> Non
     unpack = "python3 -m zipfile -e /opt/trainium-cluster/dist/"
     assert f"{unpack}scripts-node.zip /opt/trainium-cluster/scripts/node" in lines
     assert f"{unpack}workload.zip /opt/trainium-cluster/workload" in lines
-    start = lines.index("cat > /etc/trainium-cluster/cluster.env <<'CLUSTER_ENV'")
-    end = lines.index("CLUSTER_ENV", start)
-    env = dict(line.split("=", 1) for line in lines[start + 1 : end])
+    env = cluster_env(default)
     assert set(CLUSTER_ENV_KEYS) <= set(env)
     assert env["CLUSTER_NAME"] == "trainium"
     assert env["NODE_COUNT"] == "2"
@@ -176,7 +323,7 @@ def test_node_role_is_scoped(default: Synth) -> None:
     assert "Policies" not in role
     policy = only_resource(template, "AWS::IAM::ManagedPolicy")["Properties"]
     statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
-    unscoped = {sid for sid, s in statements.items() if s["Resource"] == "*"}
+    unscoped = {sid for sid, s in statements.items() if s.get("Resource") == "*"}
     # Only actions that have no resource type may use "*".
     assert unscoped == {"PublishNodeMetrics", "DescribeOwnInstance"}
     assert statements["PublishNodeMetrics"]["Condition"] == {
