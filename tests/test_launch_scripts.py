@@ -51,8 +51,10 @@ echo "fake torchrun on rank $4"
 exit "${FAKE_TORCHRUN_EXIT:-0}"
 """
 
+# Like the real tool, it warns on stderr while printing the JSON on stdout.
 FAKE_NEURON_LS = """#!/usr/bin/env bash
 [[ "$1" == -j ]] || exit 2
+echo "WARNING: neuron-ls could not read the instance type from IMDS" >&2
 cat "$FAKE_DIR/neuron-ls.json"
 """
 
@@ -548,19 +550,27 @@ def healthy_trainium(node: FakeNode) -> None:
         "#!/usr/bin/env bash\n"
         "for i in 0 1; do echo 'provider: efa'; echo \"    domain: rdmap${i}-rdm\"; done\n",
     )
+    # The operation comes first (NCCOM-TEST user guide); the fake refuses anything else.
     node.tool(
         "nccom-test",
         '#!/usr/bin/env bash\necho "$*" >> "$FAKE_DIR/nccom.log"\n'
+        'case $1 in allr|allg|redsct|sendrecv|alltoall) ;; *) echo "unknown operation $1" >&2;'
+        " exit 2;; esac\n"
         "echo 'Avg bus bandwidth: 40.1GB/s'\n",
     )
-    node.tool("ssh", "#!/usr/bin/env bash\nexit 255\n")
 
 
 def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
     healthy_trainium(node)
     node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
     node.write_env()
-    result = node.run_document("Preflight", {"Hosts": "10.1.0.12,10.1.0.40", "Port": "29600"})
+    (node.root / "node.env").write_text(
+        "AMI_ID=ami-0123456789abcdef0\nLAUNCH_TEMPLATE_VERSION=7\nSOFTWARE_VERSION=5f0e2d9c1a7b3e44\n"
+    )
+    result = node.run_document(
+        "Preflight", {"Hosts": "10.1.0.12,10.1.0.40", "Port": "29600"},
+        TRAINIUM_NODE_ENV=str(node.root / "node.env"),
+    )  # fmt: skip
     output = result.stderr
     assert result.returncode == 0, output
     for check in (
@@ -574,9 +584,13 @@ def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
         "nccom-local",
     ):
         assert re.search(rf"\] PASS {check}: ", output), f"no PASS {check}: {output}"
-    assert "skip nccom-multinode: no passwordless SSH to 10.1.0.40" in output
+    assert "nccom-multinode" not in output
     assert "PASS neuron: 16 Neuron devices, 32 NeuronCores, all idle" in output
-    assert "-r 32 -b 8 -e 1MB" in (node.root / "nccom.log").read_text()
+    assert (node.root / "nccom.log").read_text().startswith("allr -r 32 -b 8 -e 1MB")
+    assert result.stdout.splitlines()[-1] == (
+        "node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
+        "ami=ami-0123456789abcdef0"
+    )
     args = node.torchrun_args()
     assert args[:10] == [
         "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.1.0.12", "--master_port",

@@ -11,9 +11,13 @@
 # (multi-node), FSx mounted and the jobs root writable, enough free disk. Then every node
 # runs collective_check.py under torchrun with the training environment (an all-reduce
 # over all NeuronCores of all nodes: Neuron collectives over EFA on Trainium, gloo
-# elsewhere), plus nccom-test where the Neuron tools are installed. Prints one PASS/FAIL
-# line per check; exits 1 when any fails, 3 when the node has a hardware fault and should
-# be replaced. --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
+# elsewhere), plus a local nccom-test all-reduce over this node's NeuronCores where the
+# Neuron tools are installed (a cross-node nccom-test starts its remote ranks with MPI over
+# SSH, which the nodes do not have: the torch all-reduce is the cross-node check). Prints one
+# PASS/FAIL line per check and one `node-software:` line (the software version, launch
+# template version and AMI that bootstrap recorded, which the CLI compares across nodes);
+# exits 1 when any check fails, 3 when the node has a hardware fault and should be replaced.
+# --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -96,13 +100,21 @@ check_neuron() {
   else
     pass neuron-driver "neuron module loaded (version $(cat /sys/module/neuron/version 2>/dev/null || echo unknown))"
   fi
-  if ! json=$(neuron-ls -j 2>&1); then
-    fail neuron "neuron-ls failed: $(head -n 3 <<<"$json" | paste -sd' ' -)"
+  # stdout only: neuron-ls prints its warnings on stderr, which would break the JSON.
+  local errors
+  errors=$(mktemp)
+  if ! json=$(neuron-ls -j 2>"$errors"); then
+    fail neuron "neuron-ls failed: $(head -n 3 "$errors" | paste -sd' ' -)"
+    rm -f "$errors"
     return
   fi
+  rm -f "$errors"
   read -r devices cores busy < <(python3 -c '
 import json, sys
-devices = json.loads(sys.argv[1] or "[]")
+try:
+    devices = json.loads(sys.argv[1] or "[]")
+except ValueError:
+    devices = []
 cores = sum(int(d.get("nc_count", 0)) for d in devices)
 busy = sorted({str(p.get("pid", "?")) for d in devices for p in d.get("neuron_processes") or []})
 print(len(devices), cores, ",".join(busy) or "-")
@@ -175,31 +187,12 @@ check_nccom() {
   local cores output
   command -v nccom-test >/dev/null 2>&1 && ((ON_TRAINIUM)) || return 0
   cores=$(neuron_core_count)
-  # A small all-reduce over this node's NeuronCores, with result checking.
-  if output=$(nccom-test -r "$cores" -b 8 -e 1MB -f 8 -n 5 -w 2 -d fp32 --check allr 2>&1); then
+  # A small all-reduce over this node's NeuronCores, with result checking. The operation
+  # comes first (NCCOM-TEST user guide: nccom-test <operation> [options]).
+  if output=$(nccom-test allr -r "$cores" -b 8 -e 1MB -f 8 -n 5 -w 2 -d fp32 --check 2>&1); then
     pass nccom-local "$(grep -i 'avg bus bandwidth' <<<"$output" || echo "all-reduce over $cores NeuronCores")"
   else
     fail nccom-local "nccom-test all-reduce over $cores NeuronCores failed: $(tail -n 2 <<<"$output" | paste -sd' ' -)"
-  fi
-}
-
-# nccom-test starts its remote ranks over SSH, so the multi-node run needs passwordless SSH
-# from the first node to the others; without it the torchrun check below covers the nodes.
-check_nccom_multinode() {
-  local cores output peer
-  command -v nccom-test >/dev/null 2>&1 && ((ON_TRAINIUM && NODE_RANK == 0 && ${#HOSTS[@]} > 1)) || return 0
-  for peer in "${HOSTS[@]:1}"; do
-    if ! ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new "$peer" true >/dev/null 2>&1; then
-      log "skip nccom-multinode: no passwordless SSH to $peer (the torchrun collective check covers the nodes)"
-      return 0
-    fi
-  done
-  cores=$(neuron_core_count)
-  if output=$(NEURON_RT_ROOT_COMM_ID="${HOSTS[0]}:$((port + 1))" nccom-test -r $((cores * ${#HOSTS[@]})) \
-    -N "${#HOSTS[@]}" -b 8 -e 64MB -f 8 -n 5 -w 2 -d fp32 allr --hosts "${HOSTS[@]}" 2>&1); then
-    pass nccom-multinode "$(grep -i 'avg bus bandwidth' <<<"$output" || echo "all-reduce over ${#HOSTS[@]} nodes")"
-  else
-    fail nccom-multinode "nccom-test across ${#HOSTS[@]} nodes failed: $(tail -n 2 <<<"$output" | paste -sd' ' -)"
   fi
 }
 
@@ -243,7 +236,7 @@ export_job_environment
 # Every node joins the collective even after a local failure, so that the others do not
 # wait for it until their rendezvous times out.
 check_collective
-check_nccom_multinode
+echo "node-software: version=${SOFTWARE_VERSION:-unknown} launch-template-version=${LAUNCH_TEMPLATE_VERSION:-unknown} ami=${AMI_ID:-unknown}"
 
 if ((${#failures[@]})); then
   log "preflight FAILED on $NODE_ADDRESS: ${failures[*]}"
