@@ -7,6 +7,8 @@
     python scripts/cluster.py train --job-id ID [--max-retries N] -- <train.py args>
     python scripts/cluster.py stop --job-id ID
     python scripts/cluster.py logs --job-id ID [--node RANK|ADDRESS|INSTANCE] [--follow]
+    python scripts/cluster.py roll [--wait] [--force]
+    python scripts/cluster.py export [--timeout 3600]
     python scripts/cluster.py rehearse --nodes 2 [--output build/rehearsal] [-- <train.py args>]
 
 The AWS commands find the cluster through its operations stack (`<cluster>-operations`),
@@ -17,18 +19,47 @@ AWS: it runs the same node scripts on local network namespaces (or loopback addr
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.cluster_lib import ClusterError
 
 DEFAULT_CLUSTER = os.environ.get("TRAINIUM_CLUSTER_NAME", "trainium")
+#: The config's rule for cluster_name (stacks/config.py) and the SSM documents' JobId rule.
+CLUSTER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+COMMAND_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TRAIN_ARG = re.compile(r"[A-Za-z0-9._,=:/+-]+")
+#: The TrainArgs parameter's length limit. SSM's agent checks allowedPattern with Go's regexp,
+#: which refuses repeat counts above 1000, so the documents cannot enforce it: the CLI does.
+MAX_TRAIN_ARGS = 2048
+#: train.py flags the node scripts set themselves: launch.sh passes `--output
+#: <jobs-root>/<job-id>` (and refuses it in the arguments), precompile.sh appends
+#: `--max-steps <steps>`; `--help` would end every rank at once with status 0.
+RESERVED_TRAIN_FLAGS = {"--output": "the job writes to /fsx/jobs/<job-id> (set --job-id)"}
+RESERVED_PRECOMPILE_FLAGS = {
+    **RESERVED_TRAIN_FLAGS,
+    "--max-steps": "precompile traces --steps steps (set --steps)",
+}
+HELP_FLAGS = {"-h", "--help"}
+
+
+class UsageError(Exception):
+    """Bad command-line input: one line, exit status 2, before any AWS call."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
 def split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -40,21 +71,22 @@ def split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cluster.py",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Arguments after `--` go to workload/train.py unchanged.",
     )
     # The global options work before or after the command name.
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     for target, default in ((parser, None), (common, argparse.SUPPRESS)):
         target.add_argument(
             "--cluster-name", default=default or DEFAULT_CLUSTER, help="default: trainium"
         )
         target.add_argument(
-            "--region", default=default, help="AWS region (default: the profile's or AWS_REGION)"
-        )
+            "--region", default=default,
+            help="AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, then the profile's)",
+        )  # fmt: skip
         target.add_argument(
             "--profile", default=default, help="AWS profile (default: AWS_PROFILE or default)"
         )
@@ -66,10 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--poll-interval", type=float, default=default or 10,
             help="seconds between status checks (default: 10)",
         )  # fmt: skip
+        target.add_argument(
+            "--give-up-after", type=float, default=default or 1800,
+            help="seconds of AWS errors (throttling, time-outs, an expired SSO session) to "
+            "ride out while following a command (default: 1800)",
+        )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser(
-        "status", parents=[common], help="stack, nodes (with SSM status) and recent commands"
+        "status", parents=[common], help="stack, nodes (SSM, AMI, template version), commands"
     )
 
     preflight = sub.add_parser(
@@ -119,7 +156,25 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--command-id", help="a command ID printed by train/preflight/...")
     logs.add_argument("--node", help="rank, address or instance ID (default: every node)")
     logs.add_argument("--lines", type=int, default=100, help="last N lines (default: 100)")
-    logs.add_argument("--follow", action="store_true", help="keep printing new output")
+    logs.add_argument(
+        "--follow", action="store_true", help="keep printing new output until the command ends"
+    )
+
+    roll = sub.add_parser(
+        "roll", parents=[common],
+        help="replace the nodes that do not run the group's current launch template",
+    )  # fmt: skip
+    roll.add_argument("--wait", action="store_true", help="follow the instance refresh to its end")
+    roll.add_argument(
+        "--force", action="store_true", help="roll even while a job runs (it loses its nodes)"
+    )
+
+    export = sub.add_parser(
+        "export", parents=[common], help="export FSx files to S3 and wait (before a destroy)"
+    )
+    export.add_argument(
+        "--timeout", type=float, default=3600, help="seconds to wait for it (default: 3600)"
+    )
 
     rehearse = sub.add_parser(
         "rehearse", parents=[common], help="run the launch path locally, without AWS"
@@ -137,26 +192,133 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ------------------------------------------------------------------------ validation
+def check_port(flag: str, value: str) -> None:
+    """A TCP port that leaves port + 1 free: launch.sh and preflight.sh put the Neuron root
+    communicator (NEURON_RT_ROOT_COMM_ID) on the next port."""
+    if not re.fullmatch(r"[1-9][0-9]{0,4}", value) or int(value) > 65534:
+        raise UsageError(
+            f"{flag} {value!r} is not allowed: use a TCP port from 1 to 65534 (the next port "
+            "is the Neuron root communicator's)"
+        )
+
+
+def check_number(flag: str, value: float, *, low: float, strict: bool = False) -> None:
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        bound = f"more than {low:g}" if strict else f"{low:g} or more"
+        raise UsageError(f"{flag} {value:g} is not allowed: use {bound}")
+
+
+def check_train_args(args: list[str], reserved: dict[str, str]) -> None:
+    for arg in args:
+        if not TRAIN_ARG.fullmatch(arg):
+            raise UsageError(
+                f"train argument {arg!r} is not allowed: use letters, digits and . _ , = : / + - "
+                "only (SSM passes the arguments as one space-separated string, no quotes)"
+            )
+        flag = arg.split("=", 1)[0]
+        if flag in reserved:
+            raise UsageError(f"train argument {flag} is set by the node scripts: {reserved[flag]}")
+        if arg in HELP_FLAGS:
+            raise UsageError(
+                f"train argument {arg} would only print train.py's help on every node: run "
+                "`python workload/train.py --help` here"
+            )
+    joined = " ".join(args)
+    if len(joined) > MAX_TRAIN_ARGS:
+        raise UsageError(
+            f"the train arguments are {len(joined)} characters long: at most "
+            f"{MAX_TRAIN_ARGS} fit the SSM parameter"
+        )
+
+
+def check_job_id(value: str | None) -> None:
+    if value is not None and not JOB_ID.fullmatch(value):
+        raise UsageError(
+            f"--job-id {value!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+
+
+def validate(args: argparse.Namespace, train_args: list[str]) -> None:
+    """Checks everything that can be checked without AWS, so that bad input fails at once
+    instead of on the nodes or after waiting for them."""
+    if not CLUSTER_NAME.fullmatch(args.cluster_name):
+        raise UsageError(
+            f"--cluster-name {args.cluster_name!r} is not allowed: use 1-24 lowercase letters, "
+            "digits and '-'"
+        )
+    check_number("--poll-interval", args.poll_interval, low=0, strict=True)
+    check_number("--wait-timeout", args.wait_timeout, low=0)
+    check_number("--give-up-after", args.give_up_after, low=0)
+    command = args.command
+    if train_args and command not in ("train", "precompile", "rehearse"):
+        raise UsageError(f"{command} takes no train.py arguments after --")
+    if command in ("train", "precompile", "stop"):
+        check_job_id(args.job_id)
+    if command in ("train", "precompile"):
+        check_port("--master-port", args.master_port)
+        if not re.fullmatch(r"auto|[1-9][0-9]{0,2}", args.nproc_per_node):
+            raise UsageError(
+                f"--nproc-per-node {args.nproc_per_node!r} is not allowed: use 'auto' (one "
+                "process per NeuronCore) or a number from 1 to 999"
+            )
+        reserved = RESERVED_PRECOMPILE_FLAGS if command == "precompile" else RESERVED_TRAIN_FLAGS
+        check_train_args(train_args, reserved)
+    if command == "precompile" and not re.fullmatch(r"[1-9][0-9]{0,3}", args.steps):
+        raise UsageError(f"--steps {args.steps!r} is not allowed: use 1 to 9999")
+    if command == "train":
+        if args.max_retries < 0:
+            raise UsageError(f"--max-retries {args.max_retries} is not allowed: use 0 or more")
+        check_number("--retry-delay", args.retry_delay, low=0)
+    if command == "preflight":
+        check_port("--port", args.port)
+    if command == "logs":
+        if (args.job_id is None) == (args.command_id is None):
+            raise UsageError("logs needs exactly one of --job-id or --command-id")
+        check_job_id(args.job_id)
+        if args.command_id is not None and not COMMAND_ID.fullmatch(args.command_id):
+            raise UsageError(
+                f"--command-id {args.command_id!r} is not an SSM command ID (a UUID such as "
+                "0b6f0d1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b)"
+            )
+        if not 1 <= args.lines <= 10000:
+            raise UsageError(f"--lines {args.lines} is not allowed: use 1 to 10000")
+    if command == "export":
+        check_number("--timeout", args.timeout, low=0, strict=True)
+    if command == "rehearse" and not 1 <= args.nodes <= 64:
+        raise UsageError(f"--nodes {args.nodes} is not allowed: use 1 to 64")
+
+
+# ------------------------------------------------------------------------- commands
 def out(message: str) -> None:
     print(message, flush=True)
 
 
-def make_cluster(args: argparse.Namespace) -> Any:
+def make_cluster(args: argparse.Namespace, session: Any = None) -> Any:
+    """The cluster behind the CLI's options; `session` (a boto3 Session) replaces the one
+    built from --profile / --region, e.g. to serve the calls locally."""
     import boto3
     from botocore.exceptions import ProfileNotFound
 
-    from scripts.cluster_lib.aws import Clients, Cluster
+    from scripts.cluster_lib.aws import Clients, Cluster, resolve_region
 
-    try:
-        session = boto3.Session(profile_name=args.profile, region_name=args.region)
-    except ProfileNotFound:
-        raise ClusterError(f"AWS profile {args.profile!r} not found in the AWS config") from None
+    if session is None:
+        try:
+            session = boto3.Session(
+                profile_name=args.profile, region_name=resolve_region(args.region, os.environ)
+            )
+        except ProfileNotFound:
+            raise ClusterError(
+                f"AWS profile {args.profile!r} not found in the AWS config"
+            ) from None
     return Cluster(
         Clients.from_session(session),
         args.cluster_name,
         out=out,
         poll_interval=args.poll_interval,
         wait_timeout=args.wait_timeout,
+        give_up_after=args.give_up_after,
     )
 
 
@@ -166,14 +328,38 @@ def cmd_status(cluster: Any) -> int:
         f"cluster {outputs['ClusterName']} (stack {outputs.stack_name}): "
         f"{outputs['NodeCount']} x {outputs['InstanceType']}"
     )
+    template = cluster.launch_template()
+    out(
+        f"launch template {template['id']}: current version {template['version']}, "
+        f"AMI {template['ami'] or '-'}"
+    )
     nodes, starting = cluster.running_nodes()
     status = cluster.ssm_status(nodes)
     out(f"nodes: {len(nodes)} running of {outputs['NodeCount']}, {starting} starting")
+    stale = 0
     for rank, node in enumerate(nodes):
         launched = node.launch_time.strftime("%Y-%m-%d %H:%M") if node.launch_time else "-"
+        version = node.launch_template_version or "?"
+        old = version != template["version"] or (
+            template["ami"] and node.image_id != template["ami"]
+        )
+        stale += bool(old)
         out(
             f"  {rank:>3}  {node.instance_id:<20} {node.address:<15} {node.zone:<12} "
-            f"ssm {status.get(node.instance_id, 'not registered'):<15} launched {launched}"
+            f"ssm {status.get(node.instance_id, 'not registered'):<15} "
+            f"{node.image_id or '-':<21} template v{version:<4} launched {launched}"
+            + ("  (older launch template)" if old else "")
+        )
+    if stale:
+        out(
+            f"{stale} of {len(nodes)} nodes do not run launch template version "
+            f"{template['version']}: roll the fleet with `cluster.py roll` when no job runs"
+        )
+    refresh = cluster.active_refresh()
+    if refresh:
+        out(
+            f"instance refresh {refresh.get('InstanceRefreshId')}: {refresh.get('Status')}, "
+            f"{refresh.get('PercentageComplete', 0)}% done"
         )
     commands = cluster.recent_commands()
     out("recent commands:" if commands else "recent commands: none")
@@ -197,15 +383,15 @@ def report(result: Any, what: str) -> int:
 
 
 def cmd_logs(cluster: Any, args: argparse.Namespace) -> int:
+    """Prints the output of a command (every batch of it) from CloudWatch Logs; with
+    --follow, keeps printing until the command has ended everywhere."""
     from scripts.cluster_lib.aws import aws_errors
 
-    if bool(args.job_id) == bool(args.command_id):
-        raise ClusterError("logs needs exactly one of --job-id or --command-id")
-    command_id = args.command_id or cluster.latest_command(args.job_id)["CommandId"]
+    command_ids = [args.command_id] if args.command_id else cluster.latest_commands(args.job_id)
     log_group = cluster.outputs()["TrainingLogGroupName"]
-    nodes, _ = cluster.running_nodes()
-    prefix = f"{command_id}/"
+    suffix = ""
     if args.node is not None:
+        nodes, _ = cluster.running_nodes()
         match = [
             n for rank, n in enumerate(nodes) if args.node in (str(rank), n.address, n.instance_id)
         ]
@@ -213,20 +399,14 @@ def cmd_logs(cluster: Any, args: argparse.Namespace) -> int:
             raise ClusterError(
                 f"--node {args.node!r} matches no running node (rank, address or ID)"
             )
-        prefix += f"{match[0].instance_id if match else args.node}/"
+        suffix = f"{match[0].instance_id if match else args.node}/"
     tokens: dict[str, str] = {}
-    first = True
-    while True:
-        with aws_errors("reading the command output"):
-            streams = cluster.clients.logs.describe_log_streams(
-                logGroupName=log_group, logStreamNamePrefix=prefix
-            )["logStreams"]
-            if first and not streams:
-                raise ClusterError(
-                    f"no output in log group {log_group} for command {command_id} yet"
-                )
-            for stream in sorted(streams, key=lambda s: s["logStreamName"]):
-                name = stream["logStreamName"]
+
+    def poll() -> int:
+        printed = 0
+        for command_id in command_ids:
+            prefix = f"{command_id}/{suffix}"
+            for name in cluster.log_streams(log_group, prefix):
                 kwargs: dict[str, Any] = {"logGroupName": log_group, "logStreamName": name}
                 if name in tokens:
                     kwargs.update(nextToken=tokens[name], startFromHead=True)
@@ -238,10 +418,27 @@ def cmd_logs(cluster: Any, args: argparse.Namespace) -> int:
                     for line in event["message"].rstrip("\n").splitlines():
                         out(f"{name.split('/')[1]} {stamp:%H:%M:%S} {line}")
                 tokens[name] = response["nextForwardToken"]
-        first = False
-        if not args.follow:
+                printed += 1
+        return printed
+
+    with aws_errors("reading the command output"):
+        if not poll() and not args.follow:
+            raise ClusterError(
+                f"no output in log group {log_group} for command {', '.join(command_ids)} yet"
+            )
+    if not args.follow:
+        return 0
+    while True:
+        ended = cluster.commands_ended(command_ids)
+        if ended is not None:
+            # What the nodes wrote last reaches CloudWatch after the command has ended.
+            cluster.sleep(args.poll_interval)
+            cluster.patiently("reading the command output", poll)
+            states = ", ".join(f"{cid} {status}" for cid, status in ended.items())
+            out(f"command ended: {states}")
             return 0
-        time.sleep(args.poll_interval)
+        cluster.sleep(args.poll_interval)
+        cluster.patiently("reading the command output", poll)
 
 
 def cmd_rehearse(args: argparse.Namespace, train_args: list[str]) -> int:
@@ -263,8 +460,6 @@ def cmd_precompile(cluster: Any, args: argparse.Namespace, train_args: list[str]
 
 
 def cmd_train(cluster: Any, args: argparse.Namespace, train_args: list[str]) -> int:
-    if args.max_retries < 0:
-        raise ClusterError(f"--max-retries {args.max_retries} is not allowed: use 0 or more")
     job_id = args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")
     if not args.job_id:
         out(f"job ID: {job_id} (train again with --job-id {job_id} to resume it)")
@@ -280,10 +475,19 @@ def cmd_train(cluster: Any, args: argparse.Namespace, train_args: list[str]) -> 
     return 0
 
 
-def dispatch(args: argparse.Namespace, train_args: list[str]) -> int:
+def cmd_export(cluster: Any, args: argparse.Namespace) -> int:
+    task = cluster.export(timeout=args.timeout)
+    out(
+        f"export task {task['TaskId']} succeeded: the files are in S3; the storage stack can "
+        "be destroyed"
+    )
+    return 0
+
+
+def dispatch(args: argparse.Namespace, train_args: list[str], session: Any = None) -> int:
     if args.command == "rehearse":
         return cmd_rehearse(args, train_args)
-    cluster = make_cluster(args)
+    cluster = make_cluster(args, session)
     handlers = {
         "status": lambda: cmd_status(cluster),
         "preflight": lambda: report(cluster.preflight(port=args.port), "preflight"),
@@ -291,19 +495,24 @@ def dispatch(args: argparse.Namespace, train_args: list[str]) -> int:
         "train": lambda: cmd_train(cluster, args, train_args),
         "stop": lambda: report(cluster.stop(args.job_id), f"stop of job {args.job_id}"),
         "logs": lambda: cmd_logs(cluster, args),
+        "roll": lambda: (cluster.roll(force=args.force, wait=args.wait), 0)[1],
+        "export": lambda: cmd_export(cluster, args),
     }
     return handlers[args.command]()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, session: Any = None) -> int:
+    """The CLI; `session` (a boto3 Session) serves every AWS call instead of the default one."""
     argv = sys.argv[1:] if argv is None else argv
     options, train_args = split_train_args(argv)
-    parser = build_parser()
-    args = parser.parse_args(options)
-    if train_args and args.command not in ("train", "precompile", "rehearse"):
-        parser.error(f"{args.command} takes no train.py arguments after --")
     try:
-        return dispatch(args, train_args)
+        args = build_parser().parse_args(options)
+        validate(args, train_args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return dispatch(args, train_args, session)
     except ClusterError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -1,6 +1,5 @@
-"""The operator CLI against a simulated AWS: moto for EC2 (instances and their tags),
-botocore Stubbers for CloudFormation, SSM, CloudWatch Logs and Auto Scaling (whose
-responses the tests script, failures included)."""
+"""The operator CLI against a simulated AWS (tests/cluster_support.py): moto for EC2,
+botocore Stubbers for CloudFormation, SSM, CloudWatch Logs, Auto Scaling and FSx."""
 
 from __future__ import annotations
 
@@ -12,219 +11,32 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.session
 import pytest
-from botocore.stub import ANY, Stubber
 
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib.aws import Clients, Cluster
+from tests.cluster_support import (
+    OUTPUTS,
+    REGION,
+    TRAIN_ARGS,
+    FakeAws,
+    capture,
+    fake_aws,
+    hosts,
+    shared_loader,
+    train_parameters,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-REGION = "us-east-1"
-OUTPUTS = {
-    "ClusterName": "trainium",
-    "ClusterTagKey": "trainium-cluster:name",
-    "NodeCount": "2",
-    "InstanceType": "trn1.32xlarge",
-    "AutoScalingGroupName": "trainium-compute-Nodes-ABC",
-    "RunTrainingDocumentName": "trainium-operations-RunTrainingDocument-1",
-    "PreflightDocumentName": "trainium-operations-PreflightDocument-1",
-    "PrecompileDocumentName": "trainium-operations-PrecompileDocument-1",
-    "StopTrainingDocumentName": "trainium-operations-StopTrainingDocument-1",
-    "TrainingLogGroupName": "/trainium/training",
-    "DataBucketName": "data-bucket",
-    "CheckpointBucketName": "checkpoint-bucket",
-    "CompileCacheBucketName": "cache-bucket",
-    "FsxMountName": "abcdef",
-    "FsxDnsName": "fs-1.fsx.us-east-1.amazonaws.com",
-    "AlarmTopicArn": "arn:aws:sns:us-east-1:123456789012:alarms",
-    "DashboardName": "trainium",
-}
-
-
-class FakeTime:
-    """sleep() advances clock() instantly, so waits and grace periods cost nothing."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.slept: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-    def clock(self) -> float:
-        return self.now
-
-
-class FakeAws:
-    def __init__(self, session: boto3.Session) -> None:
-        self.clients = Clients.from_session(session)
-        self.stubs = {
-            name: Stubber(getattr(self.clients, name))
-            for name in ("cloudformation", "ssm", "logs", "autoscaling")
-        }
-        for stub in self.stubs.values():
-            stub.activate()
-        self.time = FakeTime()
-        self.lines: list[str] = []
-        self.commands = 0
-
-    def cluster(self, **kwargs: Any) -> Cluster:
-        options: dict[str, Any] = {"poll_interval": 5, "wait_timeout": 60, "failure_grace": 30}
-        options.update(kwargs)
-        return Cluster(
-            self.clients, "trainium", out=self.lines.append, sleep=self.time.sleep,
-            clock=self.time.clock, **options,
-        )  # fmt: skip
-
-    # --------------------------------------------------------------- EC2 (moto)
-    def launch(self, count: int, state: str = "running") -> list[dict[str, Any]]:
-        ec2 = self.clients.ec2
-        reservation = ec2.run_instances(
-            ImageId="ami-12c6146b", MinCount=count, MaxCount=count, InstanceType="trn1.32xlarge",
-            TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                {"Key": "trainium-cluster:name", "Value": "trainium"},
-                {"Key": "trainium-cluster:role", "Value": "worker"},
-            ]}],
-        )  # fmt: skip
-        if state == "stopped":
-            ec2.stop_instances(InstanceIds=[i["InstanceId"] for i in reservation["Instances"]])
-        return sorted(
-            reservation["Instances"],
-            key=lambda i: tuple(int(part) for part in i["PrivateIpAddress"].split(".")),
-        )
-
-    # ---------------------------------------------------------- stubbed services
-    def stack(self, outputs: dict[str, str] | None = None, status: str = "CREATE_COMPLETE") -> None:
-        outputs = OUTPUTS if outputs is None else outputs
-        self.stubs["cloudformation"].add_response(
-            "describe_stacks",
-            {"Stacks": [{
-                "StackName": "trainium-operations", "StackStatus": status,
-                "CreationTime": datetime(2026, 1, 1, tzinfo=UTC),
-                "Outputs": [{"OutputKey": k, "OutputValue": v} for k, v in outputs.items()],
-            }]},
-            {"StackName": "trainium-operations"},
-        )  # fmt: skip
-
-    def online(
-        self, instances: list[dict[str, Any]], statuses: dict[str, str] | None = None
-    ) -> None:
-        statuses = statuses or {}
-        ids = [i["InstanceId"] for i in instances]
-        self.stubs["ssm"].add_response(
-            "describe_instance_information",
-            {"InstanceInformationList": [
-                {"InstanceId": iid, "PingStatus": statuses.get(iid, "Online")}
-                for iid in ids if statuses.get(iid) != "absent"
-            ]},
-            {"Filters": [{"Key": "InstanceIds", "Values": ids}]},
-        )  # fmt: skip
-
-    def send(
-        self, document: str, instances: list[dict[str, Any]], parameters: dict[str, str]
-    ) -> str:
-        self.commands += 1
-        command_id = f"00000000-0000-4000-8000-{self.commands:012d}"
-        self.stubs["ssm"].add_response(
-            "send_command",
-            {"Command": {"CommandId": command_id}},
-            {
-                "DocumentName": OUTPUTS[f"{document}DocumentName"],
-                "InstanceIds": [i["InstanceId"] for i in instances],
-                "Parameters": {k: [v] for k, v in parameters.items()},
-                "Comment": ANY,
-                "TimeoutSeconds": 600,
-                "MaxConcurrency": str(len(instances)),
-                "MaxErrors": str(len(instances)),
-                "CloudWatchOutputConfig": {
-                    "CloudWatchLogGroupName": OUTPUTS["TrainingLogGroupName"],
-                    "CloudWatchOutputEnabled": True,
-                },
-            },
-        )
-        return command_id
-
-    def invocation(self, command_id: str, instance: dict[str, Any], status: str, code: int = 0,
-                   stdout: str = "") -> None:  # fmt: skip
-        self.stubs["ssm"].add_response(
-            "get_command_invocation",
-            {"Status": status, "ResponseCode": code, "StandardOutputContent": stdout,
-             "StandardErrorContent": ""},
-            {"CommandId": command_id, "InstanceId": instance["InstanceId"]},
-        )  # fmt: skip
-
-    def all_succeed(self, command_id: str, instances: list[dict[str, Any]]) -> None:
-        for instance in instances:
-            self.invocation(command_id, instance, "Success")
-
-    def log_tail(self, command_id: str, instance: dict[str, Any], lines: list[str]) -> None:
-        stream = f"{command_id}/{instance['InstanceId']}/RunTraining/stdout"
-        self.stubs["logs"].add_response(
-            "describe_log_streams",
-            {"logStreams": [{"logStreamName": stream}]},
-            {"logGroupName": OUTPUTS["TrainingLogGroupName"],
-             "logStreamNamePrefix": f"{command_id}/{instance['InstanceId']}/"},
-        )  # fmt: skip
-        self.stubs["logs"].add_response(
-            "get_log_events",
-            {"events": [{"timestamp": 0, "message": "\n".join(lines)}]},
-            {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamName": stream,
-             "startFromHead": False, "limit": 40},
-        )  # fmt: skip
-
-    def stop_commands(self, commands: list[dict[str, Any]]) -> None:
-        self.stubs["ssm"].add_response(
-            "list_commands",
-            {"Commands": commands},
-            {"Filters": [
-                {"key": "DocumentName", "value": OUTPUTS["StopTrainingDocumentName"]},
-                {"key": "InvokedAfter", "value": ANY},
-            ]},
-        )  # fmt: skip
-
-    def verify(self) -> None:
-        for stub in self.stubs.values():
-            stub.assert_no_pending_responses()
 
 
 @pytest.fixture(scope="module")
 def loader() -> Any:
-    """One botocore data loader for the module: it caches the parsed service models."""
-    return botocore.session.get_session().get_component("data_loader")
+    return shared_loader()
 
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:
-    from moto import mock_aws
-
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION,
-    }.items():  # fmt: skip
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        core = botocore.session.get_session()
-        core.register_component("data_loader", loader)
-        fake = FakeAws(boto3.Session(botocore_session=core, region_name=REGION))
-        yield fake
-
-
-def hosts(instances: list[dict[str, Any]]) -> str:
-    return ",".join(i["PrivateIpAddress"] for i in instances)
-
-
-def train_parameters(instances: list[dict[str, Any]], job_id: str = "bert-1") -> dict[str, str]:
-    return {
-        "JobId": job_id, "MasterPort": "29500", "NprocPerNode": "auto",
-        "TrainArgs": "--data /fsx/data/imdb --model tiny --max-steps 100",
-        "Hosts": hosts(instances),
-    }  # fmt: skip
-
-
-TRAIN_ARGS = ["--data", "/fsx/data/imdb", "--model", "tiny", "--max-steps", "100"]
+    yield from fake_aws(monkeypatch, loader)
 
 
 def test_train_happy_path_runs_preflight_then_the_job_on_all_nodes_in_address_order(
@@ -232,12 +44,11 @@ def test_train_happy_path_runs_preflight_then_the_job_on_all_nodes_in_address_or
 ) -> None:
     nodes = aws.launch(2)
     aws.stack()
+    aws.no_refresh()
     aws.online(nodes)
-    check = aws.send("Preflight", nodes, {"Hosts": hosts(nodes), "Port": "29600"})
-    aws.all_succeed(check, nodes)
+    aws.preflight_passes(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.invocation(job, nodes[0], "InProgress")
-    aws.invocation(job, nodes[1], "InProgress")
+    aws.poll(job, nodes, ["InProgress", "InProgress"])
     aws.all_succeed(job, nodes)
 
     result = aws.cluster().train("bert-1", TRAIN_ARGS, stream=False)
@@ -254,6 +65,7 @@ def test_train_happy_path_runs_preflight_then_the_job_on_all_nodes_in_address_or
 def test_train_streams_the_master_nodes_output(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
+    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.all_succeed(job, nodes)
@@ -279,17 +91,17 @@ def test_a_failing_node_is_reported_with_the_tail_of_its_output_and_the_rest_can
 ) -> None:
     nodes = aws.launch(2)
     aws.stack()
+    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.invocation(job, nodes[0], "InProgress")
-    aws.invocation(job, nodes[1], "Failed", code=1)
+    aws.poll(job, nodes, ["InProgress", ("Failed", 1)])
     # The survivor keeps running through the 30 s grace period (5 s polls), then is cancelled.
     for _ in range(6):
-        aws.invocation(job, nodes[0], "InProgress")
+        aws.poll(job, nodes, ["InProgress", ("Failed", 1)])
     aws.stubs["ssm"].add_response(
         "cancel_command", {}, {"CommandId": job, "InstanceIds": [nodes[0]["InstanceId"]]}
     )
-    aws.invocation(job, nodes[0], "Cancelled", code=-1)
+    aws.poll(job, nodes, [("Cancelled", -1), ("Failed", 1)])
     aws.log_tail(job, nodes[1], ["step 40 loss 0.52", "RuntimeError: Connection reset by peer"])
     aws.log_tail(job, nodes[0], ["step 40 loss 0.52"])
     aws.stop_commands([])
@@ -312,17 +124,18 @@ def test_retries_rerun_preflight_and_relaunch_the_same_job_id(aws: FakeAws) -> N
     nodes = aws.launch(2)
     aws.stack()
     # Attempt 1: preflight passes, the job fails on both nodes.
+    aws.no_refresh()
     aws.online(nodes)
-    aws.all_succeed(aws.send("Preflight", nodes, {"Hosts": hosts(nodes), "Port": "29600"}), nodes)
+    aws.preflight_passes(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.invocation(job, nodes[0], "Failed", code=1)
-    aws.invocation(job, nodes[1], "Failed", code=1)
+    aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
     aws.log_tail(job, nodes[0], ["NEURON_RT error: collective timeout"])
     aws.log_tail(job, nodes[1], ["killed"])
     aws.stop_commands([])
     # Attempt 2: nodes checked again, preflight again, the same job ID again.
+    aws.no_refresh()
     aws.online(nodes)
-    aws.all_succeed(aws.send("Preflight", nodes, {"Hosts": hosts(nodes), "Port": "29600"}), nodes)
+    aws.preflight_passes(nodes)
     aws.all_succeed(aws.send("RunTraining", nodes, train_parameters(nodes)), nodes)
 
     result = aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=2, retry_delay=45, stream=False)
@@ -341,10 +154,10 @@ def test_retries_give_up_after_max_retries(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
     for _ in range(2):
+        aws.no_refresh()
         aws.online(nodes)
         job = aws.send("RunTraining", nodes, train_parameters(nodes))
-        aws.invocation(job, nodes[0], "Failed", code=137)
-        aws.invocation(job, nodes[1], "Failed", code=1)
+        aws.poll(job, nodes, [("Failed", 137), ("Failed", 1)])
         aws.log_tail(job, nodes[0], ["Killed"])
         aws.log_tail(job, nodes[1], ["peer closed"])
         aws.stop_commands([])
@@ -359,10 +172,10 @@ def test_retries_give_up_after_max_retries(aws: FakeAws) -> None:
 def test_a_stopped_job_is_not_retried(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
+    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.invocation(job, nodes[0], "Failed", code=143)
-    aws.invocation(job, nodes[1], "Failed", code=143)
+    aws.poll(job, nodes, [("Failed", 143), ("Failed", 143)])
     aws.log_tail(job, nodes[0], ["stopped"])
     aws.log_tail(job, nodes[1], ["stopped"])
     other, stop = "00000000-0000-4000-8000-00000000aaaa", "00000000-0000-4000-8000-00000000bbbb"
@@ -382,10 +195,10 @@ def test_a_stopped_job_is_not_retried(aws: FakeAws) -> None:
 def test_preflight_hardware_fault_marks_the_node_unhealthy_when_asked(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
+    aws.no_refresh()
     aws.online(nodes)
     check = aws.send("Preflight", nodes, {"Hosts": hosts(nodes), "Port": "29600"})
-    aws.invocation(check, nodes[0], "Success")
-    aws.invocation(check, nodes[1], "Failed", code=3)
+    aws.poll(check, nodes, ["Success", ("Failed", 3)])
     aws.log_tail(
         check, nodes[1], ["FAIL neuron-hardware: NEURON_HW_ERR=DMA_ERROR action=TERMINATE_INSTANCE"]
     )
@@ -441,7 +254,7 @@ def test_fewer_nodes_than_expected(aws: FakeAws) -> None:
         aws.cluster().wait_for_nodes()
     assert str(error.value) == (
         "only 1 of 2 nodes are running: check the activity of Auto Scaling group "
-        "trainium-compute-Nodes-ABC (capacity, quotas)"
+        "trainium-workers (capacity, quotas)"
     )
     aws.verify()
     assert aws.lines == [f"waiting: {error.value}"]
@@ -501,7 +314,8 @@ def test_stop_runs_on_the_online_nodes(aws: FakeAws) -> None:
     aws.stack()
     aws.online(nodes, {nodes[1]["InstanceId"]: "ConnectionLost"})
     command = aws.send("StopTraining", nodes[:1], {"JobId": "bert-1"})
-    aws.invocation(command, nodes[0], "Success")
+    aws.all_succeed(command, nodes[:1])
+    aws.running_commands([], [])
     assert aws.cluster().stop("bert-1").ok
     aws.verify()
 
@@ -565,12 +379,35 @@ def test_cli_rejects_train_args_for_commands_that_take_none() -> None:
     assert "status takes no train.py arguments after --" in result.stderr
 
 
-def test_status_lists_nodes_and_recent_commands(aws: FakeAws) -> None:
+def test_status_lists_nodes_with_their_ami_and_template_version_and_recent_commands(
+    aws: FakeAws,
+) -> None:
     from scripts import cluster as cli
 
-    nodes = aws.launch(2)
+    template = aws.clients.ec2.create_launch_template(
+        LaunchTemplateName="trainium-nodes", LaunchTemplateData={"ImageId": "ami-12c6146b"}
+    )["LaunchTemplate"]
+    for _ in range(2):
+        aws.clients.ec2.create_launch_template_version(
+            LaunchTemplateId=template["LaunchTemplateId"],
+            LaunchTemplateData={"ImageId": "ami-0fedcba9876543210"},
+        )
+    old = aws.launch(1, version="2")
+    new = aws.launch(1, version="3")
+    nodes = sorted(old + new, key=lambda i: tuple(map(int, i["PrivateIpAddress"].split("."))))
     aws.stack()
+    aws.stubs["autoscaling"].add_response(
+        "describe_auto_scaling_groups",
+        {"AutoScalingGroups": [{
+            "AutoScalingGroupName": "trainium-workers", "MinSize": 2, "MaxSize": 2,
+            "DesiredCapacity": 2, "DefaultCooldown": 300, "AvailabilityZones": ["us-east-1a"],
+            "HealthCheckType": "EC2", "CreatedTime": datetime(2026, 1, 1, tzinfo=UTC),
+            "LaunchTemplate": {"LaunchTemplateId": template["LaunchTemplateId"], "Version": "3"},
+        }]},
+        {"AutoScalingGroupNames": ["trainium-workers"]},
+    )  # fmt: skip
     aws.online(nodes, {nodes[1]["InstanceId"]: "ConnectionLost"})
+    aws.no_refresh()
     when = datetime(2026, 5, 1, 12, 30, tzinfo=UTC)
     for name in ("RunTraining", "Preflight", "Precompile", "StopTraining"):
         commands = []
@@ -583,20 +420,33 @@ def test_status_lists_nodes_and_recent_commands(aws: FakeAws) -> None:
             {"Filters": [{"key": "DocumentName", "value": OUTPUTS[f"{name}DocumentName"]}],
              "MaxResults": 8},
         )  # fmt: skip
-    printed: list[str] = []
-    original = cli.out
-    cli.out = printed.append
+    printed, restore = capture(cli)
     try:
         assert cli.cmd_status(aws.cluster()) == 0
     finally:
-        cli.out = original
+        restore()
     aws.verify()
     assert printed[0] == "cluster trainium (stack trainium-operations): 2 x trn1.32xlarge"
-    assert printed[1] == "nodes: 2 running of 2, 0 starting"
-    assert nodes[0]["InstanceId"] in printed[2] and "ssm Online" in printed[2]
-    assert nodes[1]["InstanceId"] in printed[3] and "ssm ConnectionLost" in printed[3]
-    assert printed[4] == "recent commands:"
-    assert printed[5].split() == [
+    assert printed[1] == (
+        f"launch template {template['LaunchTemplateId']}: current version 3, "
+        "AMI ami-0fedcba9876543210"
+    )
+    assert printed[2] == "nodes: 2 running of 2, 0 starting"
+    rows = {row.split()[1]: row for row in printed[3:5]}
+    assert "ssm Online" in rows[nodes[0]["InstanceId"]]
+    assert "ssm ConnectionLost" in rows[nodes[1]["InstanceId"]]
+    for node in nodes:
+        assert "ami-12c6146b" in rows[node["InstanceId"]]
+    # Both nodes run the old AMI; the first also an old template version.
+    assert "template v2" in rows[old[0]["InstanceId"]]
+    assert "template v3" in rows[new[0]["InstanceId"]]
+    assert all(row.endswith("(older launch template)") for row in rows.values())
+    assert printed[5] == (
+        "2 of 2 nodes do not run launch template version 3: roll the fleet with "
+        "`cluster.py roll` when no job runs"
+    )
+    assert printed[6] == "recent commands:"
+    assert printed[7].split() == [
         "2026-05-01", "12:30", "RunTraining", "bert-1", "InProgress",
         "00000000-0000-4000-8000-000000000001",
     ]  # fmt: skip
@@ -634,13 +484,11 @@ def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
     args = argparse.Namespace(
         job_id="bert-1", command_id=None, node="1", lines=2, follow=False, poll_interval=1
     )
-    printed: list[str] = []
-    original = cli.out
-    cli.out = printed.append
+    printed, restore = capture(cli)
     try:
         assert cli.cmd_logs(aws.cluster(), args) == 0
     finally:
-        cli.out = original
+        restore()
     aws.verify()
     assert printed == [
         f"{nodes[1]['InstanceId']} 12:30:00 step 10 loss 0.5",
@@ -648,27 +496,104 @@ def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
     ]
 
 
-def test_following_survives_a_network_blip(aws: FakeAws) -> None:
-    from botocore.exceptions import EndpointConnectionError
+@pytest.mark.parametrize(
+    "error",
+    [
+        "EndpointConnectionError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "UnauthorizedSSOTokenError",
+        "TokenRetrievalError",
+        "ThrottlingException",
+    ],
+)
+def test_following_rides_out_transient_errors(aws: FakeAws, error: str) -> None:
+    """Throttling beyond botocore's retries, time-outs and an expired SSO session (renewed
+    with `aws sso login` while the CLI waits) do not end the follow."""
+    from botocore import exceptions
 
     nodes = aws.launch(1)
     aws.stack({**OUTPUTS, "NodeCount": "1"})
+    aws.no_refresh()
     aws.online(nodes)
-    aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.invocation(f"00000000-0000-4000-8000-{1:012d}", nodes[0], "Success")
-    real = aws.clients.ssm.get_command_invocation
-    calls: list[dict[str, Any]] = []
+    job = aws.send("RunTraining", nodes, train_parameters(nodes))
+    aws.poll(job, nodes, ["InProgress"])
+    if error == "ThrottlingException":
+        aws.stubs["ssm"].add_client_error(
+            "list_command_invocations", service_error_code=error, http_status_code=400
+        )
+    else:
+        url = "https://ssm.us-east-1.amazonaws.com"
+        exception = {
+            "EndpointConnectionError": lambda: exceptions.EndpointConnectionError(endpoint_url=url),
+            "ReadTimeoutError": lambda: exceptions.ReadTimeoutError(endpoint_url=url),
+            "ConnectTimeoutError": lambda: exceptions.ConnectTimeoutError(endpoint_url=url),
+            "UnauthorizedSSOTokenError": exceptions.UnauthorizedSSOTokenError,
+            "TokenRetrievalError": lambda: exceptions.TokenRetrievalError(
+                provider="sso", error_msg="Token has expired and refresh failed"
+            ),
+        }[error]()
+        # The first poll answers InProgress, the second raises, the third answers again.
+        calls: list[int] = []
 
-    def flaky(**kwargs: Any) -> Any:
-        calls.append(kwargs)
-        if len(calls) == 1:
-            raise EndpointConnectionError(endpoint_url="https://ssm.us-east-1.amazonaws.com")
-        return real(**kwargs)
+        def handler() -> None:
+            calls.append(1)
+            if len(calls) == 2:
+                raise exception
 
-    aws.clients.ssm.get_command_invocation = flaky  # type: ignore[method-assign]
+        aws.intercept("ssm", "ListCommandInvocations", handler)
+    aws.all_succeed(job, nodes)
+
     result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+
     assert not isinstance(result, str)
     assert result.ok
-    assert len(calls) == 2
-    assert "cannot reach AWS (1); trying again" in aws.lines
     aws.verify()
+    trouble = [line for line in aws.lines if "trying again for up to 1800 s" in line]
+    assert len(trouble) == 1
+    if "SSO" in error or "Token" in error:
+        assert "run `aws sso login`" in trouble[0]
+    assert "AWS answers again" in aws.lines
+
+
+def test_following_gives_up_after_a_bounded_outage_with_a_clear_message(aws: FakeAws) -> None:
+    from botocore.exceptions import UnauthorizedSSOTokenError
+
+    nodes = aws.launch(1)
+    aws.stack({**OUTPUTS, "NodeCount": "1"})
+    aws.no_refresh()
+    aws.online(nodes)
+    job = aws.send("RunTraining", nodes, train_parameters(nodes))
+    # The Stubber checks each call's parameters against its next answer before the
+    # interception raises, so one answer waits there, never taken.
+    aws.poll(job, nodes, ["InProgress"])
+
+    def expired() -> None:
+        raise UnauthorizedSSOTokenError()
+
+    aws.intercept("ssm", "ListCommandInvocations", expired)
+    with pytest.raises(ClusterError) as error:
+        aws.cluster(give_up_after=60).train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    assert str(error.value) == (
+        "gave up following the command after 60 s of AWS errors (last: the AWS SSO session has "
+        "expired: run `aws sso login` to renew it); the job keeps running on the nodes: follow "
+        "it with `cluster.py logs --job-id bert-1 --follow`, stop it with `cluster.py stop "
+        "--job-id bert-1`"
+    )
+    # Polled every 5 s until the 60 s were up.
+    assert aws.time.now == 60
+
+
+def test_an_error_that_will_not_pass_ends_the_follow_at_once(aws: FakeAws) -> None:
+    nodes = aws.launch(1)
+    aws.stack({**OUTPUTS, "NodeCount": "1"})
+    aws.no_refresh()
+    aws.online(nodes)
+    aws.send("RunTraining", nodes, train_parameters(nodes))
+    aws.stubs["ssm"].add_client_error(
+        "list_command_invocations", service_error_code="AccessDeniedException",
+        service_message="not allowed", http_status_code=400,
+    )  # fmt: skip
+    with pytest.raises(ClusterError, match=r"^access denied while following the command"):
+        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    assert aws.time.now == 0
