@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import os
 import random
+import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,15 @@ class Backend:
         import torch_xla.debug.metrics as met
 
         return int(met.counter_value("UncachedCompile") or 0)
+
+    def host_transfers(self) -> int | None:
+        """Device-to-host transfers so far in this process (xla), else None."""
+        if self.kind != "xla":
+            return None
+        import torch_xla.debug.metrics as met
+
+        data = met.metric_data("TransferFromDeviceTime")
+        return int(data[0]) if data else 0
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Mixed precision for forward passes: bf16 autocast where chosen, else nothing."""
@@ -461,11 +471,46 @@ def _setup_xla(
     backend.autocast_dtype = _resolve_precision(precision, "xla", backend.xla_device_type)
     if launched and world > 1:
         backend.control_group = dist.new_group(backend="gloo", timeout=timeout)
-    if backend.xla_device_type == "NEURON":
-        flags = os.environ.get("NEURON_CC_FLAGS", "")
-        if "--auto-cast" not in flags:
-            log.warning(
-                "NEURON_CC_FLAGS has no explicit --auto-cast (Neuron 2.27+ defaults to none); "
-                "set it in the launcher"
-            )
+    flags = os.environ.get("NEURON_CC_FLAGS", "")
+    try:
+        check_compiler_precision(flags, backend.precision)
+    except BackendError:
+        if owns:
+            dist.destroy_process_group()
+        raise
+    if backend.xla_device_type == "NEURON" and compiler_autocast(flags) is None:
+        log.warning(
+            "NEURON_CC_FLAGS has no --auto-cast (Neuron 2.27+ defaults to none, earlier "
+            "releases to matmult); the launcher sets --auto-cast=none"
+        )
     return backend
+
+
+def compiler_autocast(flags: str) -> str | None:
+    """The ``--auto-cast`` value in ``NEURON_CC_FLAGS`` (the last one wins), or None."""
+    value = None
+    words = shlex.split(flags)
+    for index, word in enumerate(words):
+        if word.startswith("--auto-cast="):
+            value = word.split("=", 1)[1]
+        elif word == "--auto-cast" and index + 1 < len(words):
+            value = words[index + 1]
+    return value
+
+
+def check_compiler_precision(flags: str, precision: str) -> None:
+    """Refuse compiler auto-casting: ``--precision`` is the one precision decision.
+
+    With torch autocast (bf16) Neuron's guidance is ``--auto-cast=none`` (the migration
+    note from XLA_DOWNCAST_BF16; optimum-neuron does the same). ``--auto-cast=all`` would
+    also cast LayerNorm, softmax, the loss, the AdamW update (fp32 master weights in effect
+    bf16) and the evaluation sums; ``matmult`` under ``--precision fp32`` would make the
+    run bf16 behind the flag's back. So any value but ``none`` is refused.
+    """
+    value = compiler_autocast(flags)
+    if value not in (None, "none"):
+        raise BackendError(
+            f"NEURON_CC_FLAGS has --auto-cast={value}, which conflicts with --precision "
+            f"{precision}: precision is set by --precision alone (bf16 = torch autocast with "
+            "fp32 weights, optimizer and sums); the only --auto-cast allowed is none"
+        )

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import yaml
 
 from .backend import DEVICE_CHOICES, PRECISION_CHOICES
-from .engine import TASKS
+from .engine import GRAPHS_PER_STEP, TASKS
 
 COMPILE = ("auto", "on", "off")
 
@@ -91,6 +91,13 @@ class TrainConfig:
         default="auto",
         metadata=_help("torch.compile the forward (auto: on for cuda; never on xla)", COMPILE),
     )
+    graphs_per_step: int = field(
+        default=1,
+        metadata=_help(
+            "xla: graphs a training step is cut into; 1 (one graph: the gradient all-reduce "
+            "can overlap the backward pass) or 2 (a cut after forward + backward)"
+        ),
+    )
     seed: int = field(default=42, metadata=_help("random seed (init, data order, dropout)"))
     num_workers: int = field(default=0, metadata=_help("data-loader worker processes"))
     cache_dir: str = field(
@@ -133,6 +140,11 @@ class TrainConfig:
         _at_least(self, "weight_decay", 0.0)
         _at_least(self, "max_grad_norm", 0.0)
         _at_least(self, "peak_tflops", 0.0)
+        if self.graphs_per_step not in GRAPHS_PER_STEP:
+            raise ConfigError(
+                f"--graphs-per-step {self.graphs_per_step} is not one of "
+                f"{', '.join(map(str, GRAPHS_PER_STEP))}"
+            )
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"--warmup-ratio {self.warmup_ratio} must be in [0, 1)")
         if self.dropout != -1.0 and not 0.0 <= self.dropout < 1.0:

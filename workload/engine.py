@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backend import Backend
+from .checkpoint import to_cpu
 
 #: Keys of a batch that are passed to the model; other keys (``weight``: 1 for a real
 #: example, 0 for padding in the last evaluation batch) are for the metrics only.
@@ -43,9 +44,47 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 TASKS = ("classification", "causal-lm")
 
 
-def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The subset of ``batch`` that the model's forward takes."""
-    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+def model_inputs(
+    batch: Mapping[str, torch.Tensor], *, static_mask: bool = False, causal: bool = False
+) -> dict[str, torch.Tensor]:
+    """The subset of ``batch`` that the model's forward takes.
+
+    ``static_mask`` (XLA): pass the attention mask as the 4D additive mask the attention
+    adds to its scores, built in the graph. transformers 5 otherwise builds it itself and
+    first asks whether the batch has any padding (``padding_mask.all()`` in
+    ``masking_utils._ignore_bidirectional_mask_sdpa`` / ``_ignore_causal_mask_sdpa``): a
+    device-to-host read in every forward, and another graph for a batch without padding.
+    A 4D mask is used as it is (``masking_utils._preprocess_mask_arguments``), so neither
+    happens. ``causal``: the model is a decoder; its mask also hides later positions.
+    """
+    inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+    if static_mask and "attention_mask" in inputs:
+        inputs["attention_mask"] = additive_mask(inputs["attention_mask"], causal=causal)
+    return inputs
+
+
+def additive_mask(attention_mask: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    """(batch, 1, query, key) float32: 0 where a query may attend a key, the float32
+    minimum elsewhere; the mask transformers' eager attention adds (``eager_mask``)."""
+    keys = attention_mask.bool()[:, None, None, :]
+    if causal:
+        length = attention_mask.shape[-1]
+        order = torch.arange(length, device=attention_mask.device)
+        keys = keys & (order[None, :] <= order[:, None])[None, None]
+    zero = torch.zeros((), dtype=torch.float32, device=attention_mask.device)
+    low = torch.full((), torch.finfo(torch.float32).min, device=attention_mask.device)
+    return torch.where(keys, zero, low)
+
+
+def is_causal(model: nn.Module) -> bool:
+    """Whether ``model`` is a decoder (causal attention): transformers' own registry."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    bare = Backend.unwrap(model)
+    config = getattr(bare, "config", None)
+    return bool(getattr(config, "is_decoder", False)) or (
+        type(bare).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    )
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -67,10 +106,19 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.o
         {"params": no_decay, "weight_decay": 0.0},
     ]
     # The fused kernel is the fastest AdamW on CUDA and on the CPU (a sixth of foreach's
-    # optimizer time for BERT-base on one CPU core); XLA traces the foreach form into its
-    # step graph.
+    # optimizer time for BERT-base on one CPU core). XLA traces the optimizer into its
+    # step graph, capturable: the step count and the bias corrections then stay on the
+    # device. Non-capturable AdamW computes ``bias_correction2 ** 0.5`` as a Python float
+    # (torch/optim/adam.py), which reaches exactly 1.0 at step 36,314; torch-xla traces
+    # 0 and 1 as constants, so that step would compile a new graph. Capturable foreach
+    # refuses XLA tensors (``_multi_tensor_adam`` checks ``supports_xla=False``); the
+    # single-tensor form accepts them and traces the same arithmetic.
     fused = {p.device.type for p in decay + no_decay} <= {"cpu", "cuda"}
-    kernel: dict[str, Any] = {"fused": True if fused else None, "foreach": None if fused else True}
+    kernel: dict[str, Any] = (
+        {"fused": True, "foreach": None, "capturable": False}
+        if fused
+        else {"fused": None, "foreach": False, "capturable": True}
+    )
     optimizer = torch.optim.AdamW(groups, lr=lr, **kernel)
 
     # The kernel belongs to this process's device, not to the checkpoint a resume loads
@@ -78,6 +126,13 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.o
     def keep_kernel(opt: torch.optim.Optimizer) -> None:
         for group in opt.param_groups:
             group.update(kernel)
+            if not (kernel["capturable"] or kernel["fused"]):
+                continue
+            for param in group["params"]:  # such kernels keep the step count on the device
+                state = opt.state.get(param, {})
+                step = state.get("step")
+                if isinstance(step, torch.Tensor) and step.device != param.device:
+                    state["step"] = step.to(device=param.device, dtype=torch.float32)
 
     optimizer.register_load_state_dict_post_hook(keep_kernel)
     return optimizer
@@ -105,11 +160,17 @@ def build_scheduler(
     )
 
 
+#: Graphs per step under XLA: 1 cuts one graph after the optimizer step; 2 also cuts
+#: after forward + backward (the gradient all-reduce then cannot overlap the backward).
+GRAPHS_PER_STEP = (1, 2)
+
+
 class TrainStep:
     """One optimizer step of data-parallel training; call it with a batch on the device.
 
-    Returns the (detached) loss as a device tensor and adds it to an on-device running sum,
-    read with ``pop_mean_loss`` when a log line is due; nothing else leaves the device.
+    Returns the (detached) loss as a device tensor and adds the mean over ranks to an
+    on-device running sum (under XLA inside the step graph, elsewhere when read), read
+    with ``pop_mean_loss`` when a log line is due; nothing else leaves the device.
     """
 
     def __init__(
@@ -121,9 +182,16 @@ class TrainStep:
         *,
         max_grad_norm: float = 1.0,
         compile: bool | None = None,
+        graphs_per_step: int = 1,
     ) -> None:
         """``compile``: run the forward through ``torch.compile`` (None = on for cuda only;
-        never under xla, which compiles the whole step already)."""
+        never under xla, which compiles the whole step already). ``graphs_per_step``: see
+        ``GRAPHS_PER_STEP`` (xla only)."""
+        if graphs_per_step not in GRAPHS_PER_STEP:
+            raise ValueError(f"graphs_per_step {graphs_per_step} is not one of {GRAPHS_PER_STEP}")
+        self.graphs_per_step = graphs_per_step
+        self.static_mask = backend.kind == "xla"
+        self.causal = is_causal(model)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -144,27 +212,36 @@ class TrainStep:
 
     def __call__(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         self.model.train()
+        inputs = model_inputs(batch, static_mask=self.static_mask, causal=self.causal)
         with self.backend.autocast():
-            outputs = self._forward(**model_inputs(batch))
+            outputs = self._forward(**inputs)
         loss = outputs.loss
         loss.backward()
         loss = loss.detach().float()
+        if self.backend.kind == "xla" and self.backend.world_size > 1:
+            # In the graph; elsewhere once per log line (``pop_mean_loss``).
+            loss = self.backend.all_reduce_sum(loss) / self.backend.world_size
         self._loss_sum = self._loss_sum + loss
         self._loss_count += 1
-        self.backend.sync()  # graph 1: forward + backward
+        if self.graphs_per_step == 2:
+            self.backend.sync()  # graph 1 of 2: forward + backward
         self.backend.optimizer_step(self.optimizer, self._parameters, self.max_grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         self.last_lr = float(self.optimizer.param_groups[0]["lr"])
         if self.scheduler is not None:
             self.scheduler.step()
-        self.backend.sync()  # graph 2: all-reduce + optimizer update
+        self.backend.sync()  # the step's (last) graph: all-reduce + optimizer update
         return loss
 
     def pop_mean_loss(self) -> float:
-        """Mean loss of this rank over the steps since the last call (one host transfer)."""
+        """Mean loss over all ranks and the steps since the last call (one host transfer;
+        every rank must call it, at the same steps)."""
         if self._loss_count == 0:
             return math.nan
-        value = float(self._loss_sum.item()) / self._loss_count
+        total = self._loss_sum
+        if self.backend.kind != "xla" and self.backend.world_size > 1:
+            total = self.backend.all_reduce_sum(total.clone()) / self.backend.world_size
+        value = float(total.item()) / self._loss_count
         self._loss_sum = self._zero()
         self._loss_count = 0
         return value
@@ -197,17 +274,22 @@ def evaluate(
     causal-lm: mean next-token cross-entropy and next-token accuracy over real tokens.
     """
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float32).to(backend.device)
+    # The loss sum in fp32; the counts as int32, exact at any size (an fp32 count stops
+    # being exact above 2**24, a bf16 one above 256).
+    loss_sum = torch.zeros((), dtype=torch.float32).to(backend.device)
+    counts = torch.zeros(2, dtype=torch.int32).to(backend.device)
+    static, causal = backend.kind == "xla", is_causal(model)
     for batch in batches:
         with backend.autocast():
-            inputs = {k: v for k, v in model_inputs(batch).items() if k != "labels"}
+            inputs = model_inputs(batch, static_mask=static, causal=causal)
+            inputs.pop("labels", None)
             logits = model(**inputs).logits
         logits = logits.float()
         weight = batch["weight"].float()
         if task == "classification":
             labels = batch["labels"]
             losses = F.cross_entropy(logits, labels, reduction="none")
-            correct = (logits.argmax(dim=-1) == labels).float()
+            correct = logits.argmax(dim=-1) == labels
             mask = weight
         else:
             labels = batch["labels"][:, 1:]
@@ -215,16 +297,23 @@ def evaluate(
             valid = labels != -100
             safe = labels.clamp(min=0)
             losses = F.cross_entropy(logits.transpose(1, 2), safe, reduction="none")
-            correct = (logits.argmax(dim=-1) == safe).float()
+            correct = logits.argmax(dim=-1) == safe
             mask = valid.float() * weight[:, None]
-        sums = sums + torch.stack([(losses * mask).sum(), (correct * mask).sum(), mask.sum()])
+        real = mask > 0
+        loss_sum = loss_sum + (losses * mask).sum()
+        counts = counts + torch.stack(
+            [(correct & real).sum(dtype=torch.int32), real.sum(dtype=torch.int32)]
+        )
         backend.sync()
-    sums = backend.all_reduce_sum(sums)
-    loss_sum, correct_sum, count = sums.cpu().tolist()
+    # One graph and one transfer for both.
+    reduced = [backend.all_reduce_sum(loss_sum), backend.all_reduce_sum(counts)]
+    loss_cpu, counts_cpu = to_cpu(reduced)
+    loss_total = float(loss_cpu)
+    correct_total, count = (int(v) for v in counts_cpu.tolist())
     model.train()
     if count == 0:
         return EvalResult(loss=math.nan, accuracy=math.nan, count=0)
-    return EvalResult(loss=loss_sum / count, accuracy=correct_sum / count, count=round(count))
+    return EvalResult(loss=loss_total / count, accuracy=correct_total / count, count=count)
 
 
 # -- FLOPs and MFU ---------------------------------------------------------------------------

@@ -312,6 +312,7 @@ class Run:
             backend,
             max_grad_norm=config.max_grad_norm,
             compile=config.compile_model,
+            graphs_per_step=config.graphs_per_step,
         )
 
     def _restore(self, path: Path) -> None:
@@ -357,6 +358,8 @@ class Run:
         self.steps_this_run = 0
         self.evals_this_run = 0
         self.warm_compiles: int | None = None
+        self.warm_steps = 0  # steps after warm-up, and the host transfers inside them
+        self.warm_transfers = 0
         self.last_eval: EvalResult | None = None
         self.last_eval_step = -1
         self.last_save_step = self.step if self.resumed_from is not None else -1
@@ -367,7 +370,11 @@ class Run:
             while self.step < self.total_steps and not self.stopped_by_signal:
                 self.train_batches.set_position(self.epoch, self.offset)
                 for batch in backend.device_loader(self.train_loader):
+                    before = backend.host_transfers()
                     self.train_step(batch)
+                    if self.warm_compiles is not None and before is not None:
+                        self.warm_steps += 1
+                        self.warm_transfers += (backend.host_transfers() or 0) - before
                     self.step += 1
                     self.offset += 1
                     self.steps_this_run += 1
@@ -426,6 +433,9 @@ class Run:
         fields: dict[str, Any] = {"xla_compiles": count}
         if self.warm_compiles is not None:
             fields["xla_compiles_after_warmup"] = count - self.warm_compiles
+        if self.warm_steps:
+            # Inside the steps only: the log line's loss read is outside.
+            fields["xla_host_transfers_per_step"] = round(self.warm_transfers / self.warm_steps, 4)
         return fields
 
     def _log_train(self) -> None:
@@ -540,6 +550,7 @@ class Run:
             "world_size": backend.world_size,
             "precision": backend.precision,
             "batch_size": config.batch_size,
+            "graphs_per_step": config.graphs_per_step if backend.kind == "xla" else None,
             "max_length": config.max_length,
             "model": config.model,
             "task": config.task,

@@ -227,9 +227,10 @@ export_job_environment() {
     # The Neuron collectives' root communicator; it needs its own port next to torchrun's.
     export NEURON_RT_ROOT_COMM_ID="${HOSTS[0]}:$((MASTER_PORT + 1))"
     export NEURON_RT_STOCHASTIC_ROUNDING_EN="${NEURON_RT_STOCHASTIC_ROUNDING_EN:-1}"
-    # Since Neuron 2.27 --auto-cast defaults to none: cast explicitly. Override the whole
+    # Precision is train.py's --precision alone (torch autocast): the compiler must not
+    # cast on top, and train.py refuses any --auto-cast but none. Override the whole
     # string through the environment or cluster.env.
-    export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type=transformer --auto-cast=all --auto-cast-type=bf16 --optlevel=2}"
+    export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type=transformer --auto-cast=none --optlevel=2}"
     if [[ -n ${COMPILE_CACHE_URL:-} ]]; then
       export NEURON_COMPILE_CACHE_URL="${NEURON_COMPILE_CACHE_URL:-$COMPILE_CACHE_URL}"
     fi
