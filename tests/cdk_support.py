@@ -114,14 +114,17 @@ def flatten(value: Any) -> str:
 
 
 _HASH = re.compile(r"[0-9a-f]{64}")
+#: SOFTWARE_VERSION: 16 hex digits derived from the asset hashes (stacks.compute.software_version).
+_SOFTWARE_VERSION = re.compile(r"(?<![0-9a-f])[0-9a-f]{16}(?![0-9a-f])")
 
 
 def mask_volatile(*, data: Any, path: Any) -> Any:
-    """syrupy matcher: asset hashes (and the S3 keys built from them) change with every edit
-    of scripts/node, workload/ or aws-cdk-lib's bundled handlers; mask them. The SSM documents'
-    content is owned and tested with stacks/ssm_documents/; only its origin is snapshotted."""
+    """syrupy matcher: asset hashes (and the S3 keys and software version built from them)
+    change with every edit of scripts/node, workload/ or aws-cdk-lib's bundled handlers; mask
+    them. The SSM documents' content is owned and tested with stacks/ssm_documents/; only its
+    origin is snapshotted."""
     if isinstance(data, str):
-        return _HASH.sub("<asset-hash>", data)
+        return _SOFTWARE_VERSION.sub("<software-version>", _HASH.sub("<asset-hash>", data))
     keys = [str(name) for name, _ in path]
     if len(keys) >= 3 and keys[-2:] == ["Properties", "Content"] and keys[-3].endswith("Document"):
         return f"<stacks/ssm_documents/{keys[-3].removesuffix('Document')}.yaml>"

@@ -1,9 +1,10 @@
-"""Every supported instance type synthesizes with the right EFA interfaces and passes cfn-lint.
+"""Every supported configuration synthesizes with cdk-nag clean (the synth raises otherwise) and
+passes cfn-lint with no finding at all (errors, warnings, informational).
 
-Multi-node clusters (node_count=2) for the types with EFA, a single node for the one without,
-each in the first region that offers it.
-The same holds for a cluster with every switch flipped (no NAT, data not retained, pinned AMI,
-Capacity Block).
+The modes: each instance type (multi-node where it has EFA, in the first region that offers
+it), the default cluster, a Capacity Block in an endpoints-only VPC with a pinned AMI and data
+not retained (the alternative settings), and an On-Demand Capacity Reservation made in an
+existing placement group.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from typing import Any
 import pytest
 
 from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES
-from tests.cdk_support import Synth, alternative, cfn_lint, only_resource, synth
+from tests.cdk_support import Synth, alternative, cfn_lint, odcr, only_resource, synth
 
 
-def _lint_errors(synthesized: Synth) -> list[dict[str, Any]]:
-    findings = cfn_lint(synthesized.template_paths(), region=synthesized.config.region)
-    return [f for f in findings if f["Level"] == "Error"]
+def _lint_findings(synthesized: Synth) -> list[dict[str, Any]]:
+    return cfn_lint(synthesized.template_paths(), region=synthesized.config.region)
 
 
 @pytest.mark.slow
@@ -33,15 +33,17 @@ def test_instance_type_synthesizes_and_lints(instance_type: str) -> None:
     assert data["InstanceType"] == instance_type
     interfaces = data["NetworkInterfaces"]
     if spec.supports_multi_node:
-        assert [i["InterfaceType"] for i in interfaces] == ["efa"] * spec.efa_interfaces
+        others = "efa-only" if spec.efa_only_interfaces else "efa"
+        expected = ["efa"] + [others] * (spec.efa_interfaces - 1)
+        assert [i["InterfaceType"] for i in interfaces] == expected
         assert [i["NetworkCardIndex"] for i in interfaces] == list(range(spec.efa_interfaces))
-        assert [i["DeviceIndex"] for i in interfaces] == [0] + [1] * (spec.efa_interfaces - 1)
+        assert interfaces[0]["DeviceIndex"] == 0
     else:
         assert len(interfaces) == 1
         assert "InterfaceType" not in interfaces[0]
     group = only_resource(synthesized.templates["compute"], "AWS::AutoScaling::AutoScalingGroup")
     assert group["Properties"]["DesiredCapacity"] == str(node_count)
-    assert _lint_errors(synthesized) == []
+    assert _lint_findings(synthesized) == []
 
 
 def test_efa_interface_counts_match_the_hardware() -> None:
@@ -51,5 +53,11 @@ def test_efa_interface_counts_match_the_hardware() -> None:
 
 
 @pytest.mark.slow
-def test_alternative_settings_synthesize_and_lint() -> None:
-    assert _lint_errors(alternative()) == []
+@pytest.mark.parametrize("mode", ["default", "capacity-block-endpoints", "odcr-placement-group"])
+def test_mode_synthesizes_and_lints(mode: str) -> None:
+    synthesized = {
+        "default": synth,
+        "capacity-block-endpoints": alternative,
+        "odcr-placement-group": odcr,
+    }[mode]()
+    assert _lint_findings(synthesized) == []

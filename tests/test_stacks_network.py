@@ -9,7 +9,20 @@ from aws_cdk.assertions import Match
 
 from tests.cdk_support import STACK_PARTS, Synth, alternative, only_resource, resources, synth
 
-INTERFACE_ENDPOINT_SERVICES = ("ssm", "ssmmessages", "ec2messages", "logs", "monitoring")
+#: What the nodes call with no internet: Run Command and Session Manager, logs, metrics,
+#: bootstrap's lifecycle hook (autoscaling), the CloudWatch agent's and bootstrap's EC2 reads.
+INTERFACE_ENDPOINT_SERVICES = (
+    "ssm",
+    "ssmmessages",
+    "ec2messages",
+    "logs",
+    "monitoring",
+    "autoscaling",
+    "ec2",
+)
+#: Ports FSx for Lustre needs between the file servers and the clients, both ways (FSx for
+#: Lustre user guide, "File system access control with Amazon VPC").
+LUSTRE_PORTS = (988, *range(1018, 1024))
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +55,14 @@ def test_endpoints_only_network_has_no_internet_path() -> None:
 
 
 @pytest.mark.parametrize("service", INTERFACE_ENDPOINT_SERVICES)
-def test_interface_endpoints_in_the_cluster_subnet(default: Synth, service: str) -> None:
-    default.template("network").has_resource_properties(
+@pytest.mark.parametrize("which", ["default", "endpoints-only"])
+def test_interface_endpoints_in_the_cluster_subnet(which: str, service: str) -> None:
+    synthesized = synth() if which == "default" else alternative()
+    region = synthesized.config.region
+    synthesized.template("network").has_resource_properties(
         "AWS::EC2::VPCEndpoint",
         {
-            "ServiceName": f"com.amazonaws.us-east-1.{service}",
+            "ServiceName": f"com.amazonaws.{region}.{service}",
             "VpcEndpointType": "Interface",
             "PrivateDnsEnabled": True,
             "SubnetIds": [{"Ref": Match.string_like_regexp("ClusterSubnet")}],
@@ -78,9 +94,66 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(default: Synth
         and r["Properties"]["IpProtocol"] == "-1"
         for r in egress
     )
-    # The self rule is all the inbound there is: nothing from outside, no SSH.
-    assert [r["Properties"]["SourceSecurityGroupId"] for r in ingress
-            if r["Properties"]["GroupId"] == group] == [group]  # fmt: skip
+    # Inbound only from itself and (Lustre ports only) the file system: nothing from outside,
+    # no SSH.
+    fsx_group = _group_id(template, "FsxSecurityGroup")
+    for rule in ingress:
+        props = rule["Properties"]
+        if props["GroupId"] != group:
+            continue
+        assert props["SourceSecurityGroupId"] in (group, fsx_group), props
+        if props["SourceSecurityGroupId"] == fsx_group:
+            assert props["IpProtocol"] == "tcp"
+            assert set(range(props["FromPort"], props["ToPort"] + 1)) <= set(LUSTRE_PORTS)
+
+
+def _group_id(template: dict[str, Any], prefix: str) -> dict[str, Any]:
+    (logical_id,) = [
+        i for i in resources(template, "AWS::EC2::SecurityGroup") if i.startswith(prefix)
+    ]
+    return {"Fn::GetAtt": [logical_id, "GroupId"]}
+
+
+def _allows(rules: list[dict[str, Any]], group: Any, peer_key: str, peer: Any, port: int) -> bool:
+    return any(
+        r["GroupId"] == group
+        and r.get(peer_key) == peer
+        and (
+            r["IpProtocol"] == "-1"
+            or (r["IpProtocol"] == "tcp" and r["FromPort"] <= port <= r["ToPort"])
+        )
+        for r in rules
+    )
+
+
+def _can_connect(template: dict[str, Any], source: Any, target: Any, port: int) -> bool:
+    """A TCP connection from `source`'s members to `target`'s on `port` passes both groups:
+    egress from the source to the target group, ingress to the target from the source group."""
+    ingress = [
+        r["Properties"] for r in resources(template, "AWS::EC2::SecurityGroupIngress").values()
+    ]
+    egress = [
+        r["Properties"] for r in resources(template, "AWS::EC2::SecurityGroupEgress").values()
+    ]
+    return _allows(egress, source, "DestinationSecurityGroupId", target, port) and _allows(
+        ingress, target, "SourceSecurityGroupId", source, port
+    )
+
+
+@pytest.mark.parametrize("port", LUSTRE_PORTS)
+def test_lustre_flows_both_ways_between_file_system_and_nodes(default: Synth, port: int) -> None:
+    template = default.templates["network"]
+    nodes, fsx = _group_id(template, "EfaSecurityGroup"), _group_id(template, "FsxSecurityGroup")
+    assert _can_connect(template, nodes, fsx, port)
+    assert _can_connect(template, fsx, nodes, port)
+    assert _can_connect(template, fsx, fsx, port)  # between the file servers
+
+
+def test_lustre_ports_only(default: Synth) -> None:
+    template = default.templates["network"]
+    nodes, fsx = _group_id(template, "EfaSecurityGroup"), _group_id(template, "FsxSecurityGroup")
+    assert not _can_connect(template, fsx, nodes, 22)
+    assert not _can_connect(template, nodes, fsx, 1024)
 
 
 @pytest.mark.parametrize("part", STACK_PARTS)

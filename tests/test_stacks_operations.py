@@ -30,6 +30,13 @@ CONTRACT_OUTPUTS = (
     "FsxDnsName",
     "AlarmTopicArn",
     "DashboardName",
+    "FileSystemId",
+    "ExportPaths",
+    "LifecycleHookName",
+)
+AUTO_SCALING_SERVICE_ROLE = (
+    "arn:{partition}:iam::{account}:role/aws-service-role/autoscaling.amazonaws.com/"
+    "AWSServiceRoleForAutoScaling"
 )
 
 
@@ -63,6 +70,24 @@ def test_outputs_carry_what_the_operator_tooling_reads(default: Synth) -> None:
     assert outputs["AutoScalingGroupName"]["Value"] == "trainium-workers"
     assert outputs["RunTrainingDocumentName"]["Value"] == {"Ref": "RunTrainingDocument"}
     assert "LustreMountName" in flatten(outputs["FsxMountName"]["Value"])
+    assert outputs["LifecycleHookName"]["Value"] == "trainium-bootstrap"
+
+
+def test_outputs_name_what_to_export_before_destroy(default: Synth) -> None:
+    """The CLI's export before destroy: a data repository task on these paths of this file
+    system; the paths are exactly the associations' (relative to the file system root)."""
+    template = default.templates["operations"]
+    outputs = template["Outputs"]
+    storage = default.templates["storage"]
+    (file_system_id,) = resources(storage, "AWS::FSx::FileSystem")
+    associations = resources(storage, "AWS::FSx::DataRepositoryAssociation").values()
+    paths = [a["Properties"]["FileSystemPath"] for a in associations]
+    assert outputs["ExportPaths"]["Value"].split(",") == paths == ["/data", "/jobs"]
+    imported = outputs["FileSystemId"]["Value"]["Fn::ImportValue"]
+    export = next(
+        o for o in storage["Outputs"].values() if o.get("Export", {}).get("Name") == imported
+    )
+    assert export["Value"] == {"Ref": file_system_id}
 
 
 def test_training_log_group_is_encrypted_with_retention(default: Synth) -> None:
@@ -90,10 +115,47 @@ def test_alarm_email_subscribes_to_the_topic() -> None:
     )
 
 
+def test_auto_scaling_notifications_key_grant_names_the_service_linked_role(
+    default: Synth,
+) -> None:
+    key = only_resource(default.templates["operations"], "AWS::KMS::Key")
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    for statement in statements:
+        assert statement["Principal"] not in ("*", {"AWS": "*"}), statement
+    grant = next(s for s in statements if s.get("Sid") == "AllowAutoScalingNotifications")
+    principal = flatten(grant["Principal"]["AWS"])
+    assert principal == AUTO_SCALING_SERVICE_ROLE.format(
+        partition="aws", account='{"Ref": "AWS::AccountId"}'
+    )
+    assert sorted(grant["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey*"]
+
+
+def test_bootstrap_failures_raise_an_alarm(default: Synth) -> None:
+    """bootstrap.sh puts BootstrapFailures=1 (namespace and ClusterName dimension as in the
+    contract with the node scripts); one failure in five minutes alarms."""
+    template = default.templates["operations"]
+    alarm = next(
+        a["Properties"]
+        for a in resources(template, "AWS::CloudWatch::Alarm").values()
+        if "BootstrapFailures" in json.dumps(a)
+    )
+    metric = alarm["Metrics"][0]["MetricStat"]
+    assert metric["Metric"] == {
+        "Namespace": "TrainiumCluster/trainium",
+        "MetricName": "BootstrapFailures",
+        "Dimensions": [{"Name": "ClusterName", "Value": "trainium"}],
+    }
+    assert metric["Stat"] == "Sum"
+    assert metric["Period"] == 300
+    assert alarm["Threshold"] == 1
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["TreatMissingData"] == "notBreaching"
+
+
 def test_alarms_notify_the_topic(default: Synth) -> None:
     template = default.templates["operations"]
     alarms = resources(template, "AWS::CloudWatch::Alarm")
-    assert len(alarms) == 3
+    assert len(alarms) == 4
     (topic_id,) = resources(template, "AWS::SNS::Topic")
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
@@ -108,7 +170,7 @@ def test_alarms_notify_the_topic(default: Synth) -> None:
     assert props["ComparisonOperator"] == "LessThanThreshold"
     assert metric["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "trainium-workers"}]
     assert set(metrics) == {"GroupInServiceInstances", "StatusCheckFailed",
-                            "FreeDataStorageCapacity"}  # fmt: skip
+                            "FreeDataStorageCapacity", "BootstrapFailures"}  # fmt: skip
 
 
 def test_dashboard_shows_neuroncores_cpu_network_and_fsx(default: Synth) -> None:

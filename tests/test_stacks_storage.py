@@ -146,3 +146,38 @@ def test_node_access_policy_names_each_bucket(default: Synth) -> None:
     )
     for statement in statements.values():
         assert statement["Resource"] != "*"
+
+
+def _creation_order(template: dict[str, Any], logical_ids: list[str]) -> list[list[str]]:
+    """CloudFormation's creation waves for `logical_ids`: each wave holds the resources whose
+    dependencies among `logical_ids` (DependsOn, Ref, GetAtt) are all in earlier waves; the
+    resources of one wave are created at the same time."""
+    deps = {}
+    for logical_id in logical_ids:
+        resource = template["Resources"][logical_id]
+        text = json.dumps(resource)
+        depends = resource.get("DependsOn", [])
+        depends = [depends] if isinstance(depends, str) else depends
+        deps[logical_id] = {
+            other
+            for other in logical_ids
+            if other != logical_id and (other in depends or f'"{other}"' in text)
+        }
+    waves: list[list[str]] = []
+    done: set[str] = set()
+    while len(done) < len(logical_ids):
+        wave = sorted(i for i in logical_ids if i not in done and deps[i] <= done)
+        assert wave, f"dependency cycle among {logical_ids}"
+        waves.append(wave)
+        done.update(wave)
+    return waves
+
+
+@pytest.mark.parametrize("which", ["default", "alternative"])
+def test_data_repository_associations_are_created_one_after_the_other(which: str) -> None:
+    template = (synth() if which == "default" else alternative()).templates["storage"]
+    associations = list(resources(template, "AWS::FSx::DataRepositoryAssociation"))
+    waves = _creation_order(template, associations)
+    assert [len(wave) for wave in waves] == [1] * len(associations), waves
+    paths = [template["Resources"][w[0]]["Properties"]["FileSystemPath"] for w in waves]
+    assert paths == ["/data", "/jobs"]
