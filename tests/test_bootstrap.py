@@ -1,22 +1,31 @@
 """bootstrap.sh and requirements_diff.py, run against a fake node.
 
 bootstrap.sh runs unmodified with fakes for the system tools on PATH (mount, systemctl,
-apt-get, aws, mdadm, ...; they record how they were called in calls.log) and its paths
-redirected through the TRAINIUM_* variables. The fake node itself (FakeNode) is shared with
-tests/test_launch_scripts.py.
+curl for the instance metadata and downloads, aws, mdadm, apt-get, ...; they record how they
+were called in calls.log) and its paths redirected through the TRAINIUM_* variables. The
+Neuron venv is a real venv holding package metadata only; the CloudWatch agent's signature
+is checked by the real gpg against a key made for the test. The fake node itself (FakeNode)
+is shared with tests/test_launch_scripts.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.test_launch_scripts import FakeNode, healthy_trainium
+from tests.test_launch_scripts import NODE, FakeNode, healthy_trainium
+
+INSTANCE_STORE = "Amazon EC2 NVMe Instance Storage"
+FSX_DEVICE = "fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef"
+NOBLE = 'ID=ubuntu\nVERSION_CODENAME=noble\nPRETTY_NAME="Ubuntu 24.04"\n'
 
 
 @pytest.fixture
@@ -24,65 +33,227 @@ def node(tmp_path: Path) -> FakeNode:
     return FakeNode(tmp_path)
 
 
-# ---------------------------------------------------------------------------- bootstrap
 FAKE_MOUNT = """#!/usr/bin/env bash
 echo "mount $*" >> "$FAKE_DIR/calls.log"
-touch "$FAKE_DIR/mounted"
+touch "$FAKE_DIR/mounted-$(basename "${@: -1}")"
 """
 FAKE_MOUNTPOINT = """#!/usr/bin/env bash
-[[ -f "$FAKE_DIR/mounted" ]]
+[[ -f "$FAKE_DIR/mounted-$(basename "${@: -1}")" ]]
 """
 FAKE_SYSTEMCTL = """#!/usr/bin/env bash
 echo "systemctl $*" >> "$FAKE_DIR/calls.log"
-if [[ $1 == is-active ]]; then [[ -f "$FAKE_DIR/agent-running" ]]; fi
+case $1 in
+  is-active) [[ -f "$FAKE_DIR/agent-running" ]] ;;
+  is-enabled) [[ -f "$FAKE_DIR/enabled-${@: -1}" ]] ;;
+  enable) touch "$FAKE_DIR/enabled-$2" ;;
+esac
 """
 FAKE_AGENT_CTL = """#!/usr/bin/env bash
 echo "amazon-cloudwatch-agent-ctl $*" >> "$FAKE_DIR/calls.log"
 touch "$FAKE_DIR/agent-running"
 """
-# The venv's python: `-m pip ...` is recorded instead of run; the rest is the real Python.
-FAKE_VENV_PYTHON = f"""#!/usr/bin/env bash
+# IMDSv2 answers from $FAKE_DIR/imds/<path>; downloads from $FAKE_DIR/downloads/<name>.
+FAKE_CURL = """#!/usr/bin/env bash
+out="" url="" method=GET
+while (($#)); do
+  case $1 in
+    -o) out=$2; shift 2 ;;
+    -X) method=$2; shift 2 ;;
+    -H | --max-time | --retry) shift 2 ;;
+    -*) shift ;;
+    *) url=$1; shift ;;
+  esac
+done
+echo "curl $method $url" >> "$FAKE_DIR/calls.log"
+case $url in
+  */latest/api/token) [[ $method == PUT ]] && echo fake-token ;;
+  */latest/meta-data/*)
+    f="$FAKE_DIR/imds/${url#*/latest/meta-data/}"
+    [[ -f $f ]] || exit 22
+    cat "$f" ;;
+  *)
+    f="$FAKE_DIR/downloads/${url##*/}"
+    [[ -f $f ]] || exit 22
+    if [[ -n $out ]]; then cp "$f" "$out"; else cat "$f"; fi ;;
+esac
+"""
+# The first complete-lifecycle-action succeeds; later ones find no pending action, as on AWS
+# after a reboot.
+FAKE_AWS = """#!/usr/bin/env bash
+echo "aws $*" >> "$FAKE_DIR/calls.log"
+case "$*" in
+  *describe-auto-scaling-instances*)
+    printf '%s\\t%s\\n' "${FAKE_ASG:-None}" "${FAKE_LT_VERSION:-None}" ;;
+  *complete-lifecycle-action*)
+    if [[ -n ${FAKE_LIFECYCLE_ERROR:-} ]]; then
+      echo "$FAKE_LIFECYCLE_ERROR" >&2
+      exit 254
+    fi
+    if [[ -f "$FAKE_DIR/lifecycle-done" ]]; then
+      echo "An error occurred (ValidationError) when calling the CompleteLifecycleAction \\
+operation: No active Lifecycle Action found with instance ID ${FAKE_INSTANCE:-}" >&2
+      exit 254
+    fi
+    touch "$FAKE_DIR/lifecycle-done" ;;
+esac
+"""
+FAKE_MODINFO = """#!/usr/bin/env bash
+[[ ! -f "$FAKE_DIR/no-lustre-module" ]]
+"""
+# Holds the dpkg lock for as many polls as $FAKE_DIR/lock-polls says.
+FAKE_FUSER = """#!/usr/bin/env bash
+n=$(cat "$FAKE_DIR/lock-polls" 2>/dev/null || echo 0)
+((n > 0)) || exit 1
+echo $((n - 1)) > "$FAKE_DIR/lock-polls"
+echo " 4242"
+"""
+FAKE_PS = """#!/usr/bin/env bash
+echo unattended-upgr
+"""
+FAKE_BLKID = """#!/usr/bin/env bash
+cat "$FAKE_DIR/fs-$(basename "${@: -1}")" 2>/dev/null
+"""
+FAKE_MKFS = """#!/usr/bin/env bash
+echo "mkfs.ext4 $*" >> "$FAKE_DIR/calls.log"
+echo ext4 > "$FAKE_DIR/fs-$(basename "${@: -1}")"
+"""
+# The array's superblocks survive a reboot, not a stop and start.
+FAKE_MDADM = """#!/usr/bin/env bash
+echo "mdadm $*" >> "$FAKE_DIR/calls.log"
+case $1 in
+  --assemble) [[ -f "$FAKE_DIR/md-superblocks" ]] ;;
+  --create) touch "$FAKE_DIR/md-superblocks" ;;
+esac
+"""
+FAKE_DPKG = """#!/usr/bin/env bash
+echo "dpkg $*" >> "$FAKE_DIR/calls.log"
+mkdir -p "$FAKE_DIR/cwagent/bin"
+cp "$FAKE_DIR/agent-ctl" "$FAKE_DIR/cwagent/bin/amazon-cloudwatch-agent-ctl"
+chmod +x "$FAKE_DIR/cwagent/bin/amazon-cloudwatch-agent-ctl"
+"""
+# The Neuron venv's python: `-m pip --python P install ...` is recorded and leaves package
+# metadata in P's site-packages, as an install would; the rest is the venv's real python.
+FAKE_NEURON_PYTHON = """#!/usr/bin/env bash
 if [[ $1 == -m && $2 == pip ]]; then
-  echo "pip ${{*:3}}" >> "$FAKE_DIR/calls.log"
-  exit 0
+  echo "pip ${*:3}" >> "$FAKE_DIR/calls.log"
+  if [[ $3 == --python && $5 == install ]]; then
+    site=$("$4" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    prev=""
+    for arg in "${@:6}"; do
+      if [[ $arg == *==* && $prev != -c ]]; then
+        d="$site/${arg%%==*}-${arg#*==}.dist-info"
+        mkdir -p "$d"
+        printf 'Metadata-Version: 2.1\\nName: %s\\nVersion: %s\\n' "${arg%%==*}" "${arg#*==}" \\
+          > "$d/METADATA"
+      fi
+      prev=$arg
+    done
+  fi
+  exit "${FAKE_PIP_EXIT:-0}"
 fi
-exec {sys.executable} "$@"
+exec "$(dirname "$0")/python-real" "$@"
+"""
+# What the DLAMI's Neuron venv holds, as far as these tests care: name -> (version, requires).
+NEURON_VENV_PACKAGES: dict[str, tuple[str, list[str]]] = {
+    "torch": ("2.9.0+cpu", ["filelock", "typing-extensions>=4.10.0", "pytest ; extra == 'test'"]),
+    "torch-xla": ("2.9.0", ["numpy", "pyyaml", "absl-py>=1.0.0"]),
+    "torch-neuronx": ("2.9.0.2.15.32035", ["torch==2.9.*", "torch-xla==2.9.*", "libneuronxla"]),
+    "libneuronxla": ("2.2.17544.0", ["boto3", "numpy"]),
+    "neuronx-cc": ("2.26.6360.0", ["numpy<3", "protobuf>3"]),
+    "neuronx-distributed": ("0.19.28492", ["transformers"]),
+    "numpy": ("2.2.6", []),
+    "pyyaml": ("6.0.2", []),
+    "absl-py": ("2.1.0", []),
+    "protobuf": ("5.29.4", []),
+    "boto3": ("1.40.0", []),
+    "filelock": ("3.16.0", []),
+    "typing-extensions": ("4.12.2", []),
+    "transformers": ("4.57.1", ["numpy>=1.17", "tokenizers"]),
+    "tokenizers": ("0.22.1", []),
+    "tqdm": ("4.70.1", []),
+}
+WORKLOAD_REQUIREMENTS = """# workload pins
+torch==2.9.0
+torch-xla==2.9.0
+transformers==5.23.0
+numpy==2.4.6
+tqdm==4.70.1
 """
 
 
-def bootstrap_node(node: FakeNode) -> None:
+def tool(directory: Path, name: str, script: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(script)
+    path.chmod(0o755)
+    return path
+
+
+def site_packages(venv: Path) -> Path:
+    return next(venv.glob("lib/python3*/site-packages"))
+
+
+def make_neuron_venv(
+    venv: Path, packages: dict[str, tuple[str, list[str]]], modules: tuple[str, ...] = ("boto3",)
+) -> None:
+    """A real venv with the packages' metadata (no code) and importable stand-ins for
+    `modules`; its bin/python is FAKE_NEURON_PYTHON in front of the real one."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = site_packages(venv)
+    for name, (version, requires) in packages.items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        lines = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"]
+        lines += [f"Requires-Dist: {requirement}\n" for requirement in requires]
+        (info / "METADATA").write_text("".join(lines))
+    for module in modules:
+        (site / module).mkdir()
+        (site / module / "__init__.py").write_text("")
+    (venv / "bin" / "python").rename(venv / "bin" / "python-real")
+    tool(venv / "bin", "python", FAKE_NEURON_PYTHON)
+
+
+def bootstrap_node(node: FakeNode, *, instance_store: int = 4) -> None:
     healthy_trainium(node)
-    for tool, script in (
+    for name, script in (
         ("mount", FAKE_MOUNT),
         ("mountpoint", FAKE_MOUNTPOINT),
         ("systemctl", FAKE_SYSTEMCTL),
+        ("curl", FAKE_CURL),
+        ("aws", FAKE_AWS),
+        ("modinfo", FAKE_MODINFO),
+        ("fuser", FAKE_FUSER),
+        ("ps", FAKE_PS),
+        ("blkid", FAKE_BLKID),
+        ("mkfs.ext4", FAKE_MKFS),
+        ("mdadm", FAKE_MDADM),
+        ("dpkg", FAKE_DPKG),
     ):
-        node.tool(tool, script)
-    node.tool("mount.lustre")
-    node.tool("modprobe")
-    venv = node.root / "venv" / "bin"
-    venv.mkdir(parents=True)
-    (venv / "python").write_text(FAKE_VENV_PYTHON)
-    (venv / "python").chmod(0o755)
-    agent = node.root / "cwagent" / "bin"
-    agent.mkdir(parents=True)
-    (agent / "amazon-cloudwatch-agent-ctl").write_text(FAKE_AGENT_CTL)
-    (agent / "amazon-cloudwatch-agent-ctl").chmod(0o755)
-    neuron_bin = node.root / "neuron-bin"
-    neuron_bin.mkdir()
+        node.tool(name, script)
+    for name in ("mount.lustre", "modprobe", "apt-get"):
+        node.tool(name)
+    make_neuron_venv(node.root / "neuron-venv", NEURON_VENV_PACKAGES)
+    (node.root / "agent-ctl").write_text(FAKE_AGENT_CTL)
+    tool(node.root / "cwagent" / "bin", "amazon-cloudwatch-agent-ctl", FAKE_AGENT_CTL)
     for name in ("neuron-monitor", "neuron-monitor-cloudwatch.py"):
-        (neuron_bin / name).write_text("#!/bin/sh\n")
-        (neuron_bin / name).chmod(0o755)
-    import pytest as installed  # a package this interpreter has, at its installed version
-
-    (node.workload / "requirements.txt").write_text(
-        f"# workload pins\npytest=={installed.__version__}\ntqdm==0.0.1  # differs\ntorch==0.0.1\n"
-    )
+        tool(node.root / "neuron-bin", name, "#!/bin/sh\n")
+    (node.workload / "requirements.txt").write_text(WORKLOAD_REQUIREMENTS)
+    imds = node.root / "imds"
+    imds.mkdir()
+    (imds / "instance-id").write_text("i-0123456789abcdef0")
+    (imds / "ami-id").write_text("ami-0fedcba9876543210")
+    block = node.root / "sys" / "block"
+    models = ["Amazon Elastic Block Store"] + [INSTANCE_STORE] * instance_store
+    for i, model in enumerate(models):
+        (block / f"nvme{i}n1" / "device").mkdir(parents=True)
+        (block / f"nvme{i}n1" / "device" / "model").write_text(f"{model:<40}\n")
+    (node.root / "os-release").write_text(NOBLE)
     node.settings.update(
         AWS_REGION="us-east-1", FSX_DNS_NAME="fs-1.fsx.us-east-1.amazonaws.com",
         FSX_MOUNT_NAME="abcdef", TRAINING_LOG_GROUP="/trainium/training",
-        METRICS_NAMESPACE="TrainiumCluster/trainium",
-        NEURON_VENV=str(node.root / "venv"),
+        METRICS_NAMESPACE="TrainiumCluster/trainium", NEURON_VENV=str(node.root / "neuron-venv"),
+        SOFTWARE_VERSION="0123456789abcdef", INTERNET_EGRESS="nat",
+        LIFECYCLE_HOOK_NAME="trainium-launch", SCRATCH_DIR=str(node.root / "scratch"),
     )  # fmt: skip
     node.write_env()
     (node.state / "ready").unlink()
@@ -91,38 +262,136 @@ def bootstrap_node(node: FakeNode) -> None:
     )
 
 
-def run_bootstrap(node: FakeNode) -> subprocess.CompletedProcess[str]:
-    return node.run(
-        "bootstrap.sh", "--env-file", str(node.env_file),
-        TRAINIUM_FSTAB=str(node.root / "fstab"), TRAINIUM_PROFILE_DIR=str(node.root / "profile.d"),
-        TRAINIUM_SYSTEMD_DIR=str(node.root / "systemd"),
-        TRAINIUM_CW_AGENT_DIR=str(node.root / "cwagent"),
-        TRAINIUM_NEURON_BIN=str(node.root / "neuron-bin"),
-    )  # fmt: skip
+def run_bootstrap(node: FakeNode, **extra: str) -> subprocess.CompletedProcess[str]:
+    settings = {
+        "TRAINIUM_FSTAB": str(node.root / "fstab"),
+        "TRAINIUM_PROFILE_DIR": str(node.root / "profile.d"),
+        "TRAINIUM_SYSTEMD_DIR": str(node.root / "systemd"),
+        "TRAINIUM_TMPFILES_DIR": str(node.root / "tmpfiles.d"),
+        "TRAINIUM_CW_AGENT_DIR": str(node.root / "cwagent"),
+        "TRAINIUM_NEURON_BIN": str(node.root / "neuron-bin"),
+        "TRAINIUM_WORKLOAD_VENV": str(node.root / "workload-venv"),
+        "TRAINIUM_SYSTEM_PYTHON": str(node.root / "no-system-python"),
+        "TRAINIUM_OS_RELEASE": str(node.root / "os-release"),
+        "TRAINIUM_SYS_BLOCK": str(node.root / "sys" / "block"),
+        "TRAINIUM_DEV_DIR": str(node.root / "dev"),
+        "TRAINIUM_MDSTAT": str(node.root / "mdstat"),
+        "TRAINIUM_APT_SOURCES_DIR": str(node.root / "apt"),
+        "TRAINIUM_KEYRING_DIR": str(node.root / "keyrings"),
+        "TRAINIUM_LOCK_POLL": "0",
+        "FAKE_ASG": "trainium-nodes",
+        "FAKE_LT_VERSION": "7",
+        "FAKE_INSTANCE": "i-0123456789abcdef0",
+    }
+    settings.update(extra)
+    return node.run("bootstrap.sh", "--env-file", str(node.env_file), **settings)
 
 
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [
+        line.split("] error: ", 1)[1] for line in result.stdout.splitlines() if "] error: " in line
+    ]
+
+
+def node_env(node: FakeNode) -> dict[str, str]:
+    lines = (node.root / "node.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if not line.startswith("#"))
+
+
+def fsx_lines(node: FakeNode) -> list[str]:
+    lines = (node.root / "fstab").read_text().splitlines()
+    return [line for line in lines if str(node.fsx) in line]
+
+
+def reboot(node: FakeNode) -> None:
+    """What a reboot changes for bootstrap: nothing is mounted; systemd-tmpfiles clears the
+    markers; the kernel assembled the instance-store array from its superblocks."""
+    for marker in node.root.glob("mounted-*"):
+        marker.unlink()
+    (node.root / "calls.log").unlink()
+    (node.root / "fs-md127").write_text("ext4\n")
+    (node.root / "mdstat").write_text(
+        "Personalities : [raid0]\n"
+        "md127 : active raid0 nvme4n1[3] nvme3n1[2] nvme2n1[1] nvme1n1[0]\n"
+        "      7500000000 blocks super 1.2 512k chunks\n"
+    )
+
+
+# ---------------------------------------------------------------------------- first boot
 def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: FakeNode) -> None:
     bootstrap_node(node)
     first = run_bootstrap(node)
-    assert first.returncode == 0, first.stdout + first.stderr
-    fsx_lines = [
-        line for line in (node.root / "fstab").read_text().splitlines() if str(node.fsx) in line
-    ]
-    assert fsx_lines == [
-        f"fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef {node.fsx} lustre "
-        "defaults,relatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0"
+    assert first.returncode == 0, output(first)
+    fstab = (node.root / "fstab").read_text()
+    # Ubuntu 24.04 has no network.service: network-online.target, and nofail.
+    assert fsx_lines(node) == [
+        f"fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef {node.fsx} lustre defaults,relatime,flock,"
+        "_netdev,nofail,x-systemd.requires=network-online.target 0 0"
     ]
     calls = node.calls()
     assert [c for c in calls if c.startswith("mount ")] == [
-        f"mount -t lustre -o relatime,flock fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef {node.fsx}"
+        f"mount -o noatime {node.root}/dev/md/trainium-scratch {node.root}/scratch",
+        f"mount -t lustre -o relatime,flock {FSX_DEVICE} {node.fsx}",
     ]
+    # Instance store: the four instance-store devices, not the EBS root volume.
+    devices = " ".join(f"{node.root}/dev/nvme{i}n1" for i in (1, 2, 3, 4))
+    assert (
+        f"mdadm --create {node.root}/dev/md/trainium-scratch --run --level=0 --raid-devices=4 "
+        f"--name=trainium-scratch {devices}" in calls
+    )
+    assert (
+        f"mkfs.ext4 -F -q -L trainium-scratch -E nodiscard {node.root}/dev/md/trainium-scratch"
+        in calls
+    )
+    assert (node.root / "scratch" / "tmp").stat().st_mode & 0o7777 == 0o1777
+    # Every boot: the oneshot unit after network-online.target, the markers cleared at boot.
+    unit = (node.root / "systemd" / "trainium-bootstrap.service").read_text()
+    assert "Type=oneshot" in unit
+    assert "Wants=network-online.target\nAfter=network-online.target" in unit
+    assert f"ExecStart=/bin/bash {NODE}/bootstrap.sh --env-file {node.env_file}\n" in unit
+    assert "systemctl enable trainium-bootstrap.service" in calls
+    assert not [c for c in calls if "start trainium-bootstrap" in c]
+    rules = (node.root / "tmpfiles.d" / "trainium-cluster.conf").read_text().splitlines()
+    assert f"r! {node.state}/ready" in rules
+    assert f"r! {node.state}/failed" in rules
+    # node.env for the launcher and preflight.
+    env = node_env(node)
+    assert {k: env[k] for k in env if k != "BOOT_ID"} == {
+        "INSTANCE_ID": "i-0123456789abcdef0",
+        "AMI_ID": "ami-0fedcba9876543210",
+        "LAUNCH_TEMPLATE_VERSION": "7",
+        "AUTO_SCALING_GROUP_NAME": "trainium-nodes",
+        "SOFTWARE_VERSION": "0123456789abcdef",
+        "SCRATCH": f"{node.root}/scratch",
+        "TMPDIR": f"{node.root}/scratch/tmp",
+        "WORKLOAD_PYTHON": f"{node.root}/workload-venv/bin/python",
+    }
+    # The lifecycle hook and the metric.
+    aws = [c for c in calls if c.startswith("aws ")]
+    assert any(
+        "autoscaling complete-lifecycle-action --lifecycle-hook-name trainium-launch "
+        "--auto-scaling-group-name trainium-nodes --instance-id i-0123456789abcdef0 "
+        "--lifecycle-action-result CONTINUE" in c
+        for c in aws
+    )
+    assert any(
+        "cloudwatch put-metric-data --namespace TrainiumCluster/trainium --metric-name "
+        "BootstrapFailures --dimensions ClusterName=trainium --unit Count --value 0" in c
+        for c in aws
+    )
+    # Python: only what the Neuron venv lacks goes into the layered venv.
     pip = [c for c in calls if c.startswith("pip ")]
-    assert len(pip) == 2
-    assert pip[0].startswith("pip install") and pip[0].endswith(" tqdm==0.0.1")  # only what differs
-    assert pip[1] == "pip check"
-    constraints = (node.state / "neuron-constraints.txt").read_text()
-    assert constraints.startswith("torch==")  # the venv's own torch is pinned, never replaced
-    assert "torch 2." in first.stdout and "keeping" in first.stdout
+    layer_python = f"{node.root}/workload-venv/bin/python"
+    assert pip == [
+        f"pip --python {layer_python} install --quiet --disable-pip-version-check "
+        f"-c {node.state}/neuron-constraints.txt transformers==5.23.0",
+        f"pip --python {layer_python} check",
+    ]
+    assert "numpy 2.2.6 is installed, 2.4.6 is pinned: keeping 2.2.6" in first.stdout
     assert (
         'NEURON_COMPILE_CACHE_URL="s3://cache-bucket/neuron-compile-cache/"'
         in (node.root / "profile.d" / "trainium-cluster.sh").read_text()
@@ -130,39 +399,364 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
     config = json.loads((node.root / "cwagent" / "etc" / "trainium-cluster.json").read_text())
     files = config["logs"]["logs_collected"]["files"]["collect_list"]
     assert {f["log_group_name"] for f in files} == {"/trainium/training"}
-    unit = (node.root / "systemd" / "trainium-neuron-monitor.service").read_text()
-    assert "--namespace TrainiumCluster/trainium --region us-east-1" in unit
     assert config["metrics"]["namespace"] == "TrainiumCluster/trainium"
+    assert config["metrics"]["metrics_collected"]["disk"]["resources"] == [
+        "/", str(node.fsx), f"{node.root}/scratch"
+    ]  # fmt: skip
     assert "systemctl restart trainium-neuron-monitor.service" in calls
     assert (node.state / "ready").read_text().startswith("ready ")
     log = (node.logs / "bootstrap.log").read_text()
     for phase in (
-        "environment",
-        "fsx",
-        "neuron",
-        "efa",
-        "python",
-        "workload",
-        "compile-cache",
-        "monitoring",
-        "ready",
-    ):
+        "environment", "identity", "boot-unit", "scratch", "fsx", "neuron", "efa", "python",
+        "workload", "compile-cache", "monitoring", "lifecycle", "ready",
+    ):  # fmt: skip
         assert re.search(rf"phase {phase}: done in \d+ s", log), phase
 
     (node.root / "calls.log").unlink()
     second = run_bootstrap(node)
-    assert second.returncode == 0, second.stdout
-    assert fsx_lines == [
-        line for line in (node.root / "fstab").read_text().splitlines() if str(node.fsx) in line
-    ]
+    assert second.returncode == 0, output(second)
+    assert (node.root / "fstab").read_text() == fstab
     calls = node.calls()
-    assert not [c for c in calls if c.startswith("mount ")]
-    assert not [c for c in calls if "restart" in c or "fetch-config" in c]
+    assert not [c for c in calls if c.startswith(("mount ", "mdadm ", "mkfs", "pip install"))]
+    assert not [c for c in calls if "restart" in c or "fetch-config" in c or " enable " in c]
     assert "fstab already mounts" in second.stdout
     assert "is already mounted" in second.stdout
+    assert "trainium-bootstrap.service already installed" in second.stdout
+    assert "the workload venv already has every pinned workload requirement" in second.stdout
+    assert "no pending launch lifecycle action (a later boot): CONTINUE not needed" in second.stdout
     assert (node.state / "ready").exists()
 
 
+def test_the_workload_venv_sees_the_neuron_venv_and_its_own_packages_first(
+    node: FakeNode,
+) -> None:
+    bootstrap_node(node)
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    probe = (
+        "from importlib import metadata as m; import boto3; "
+        "print(m.version('numpy'), m.version('torch'), m.version('transformers'))"
+    )
+    layer = node.root / "workload-venv" / "bin" / "python"
+    versions = subprocess.run(
+        [str(layer), "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    # numpy and torch are the Neuron venv's; transformers is the workload's, installed in the
+    # layer, ahead of the Neuron venv's 4.57.1, which stays where it was.
+    assert versions == ["2.2.6", "2.9.0+cpu", "5.23.0"]
+    neuron_site = site_packages(node.root / "neuron-venv")
+    assert (neuron_site / "transformers-4.57.1.dist-info").is_dir()
+    assert not list(neuron_site.glob("transformers-5*"))
+    constraints = (node.state / "neuron-constraints.txt").read_text().splitlines()
+    assert "numpy==2.2.6" in constraints
+    assert "torch==2.9.0+cpu" in constraints
+    assert not [line for line in constraints if line.startswith("transformers")]
+
+
+# ------------------------------------------------------------------------------- reboots
+def test_a_reboot_remounts_everything_and_keeps_the_scratch_data(node: FakeNode) -> None:
+    bootstrap_node(node)
+    assert run_bootstrap(node).returncode == 0
+    reboot(node)
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    calls = node.calls()
+    assert [c for c in calls if c.startswith("mount ")] == [
+        f"mount -o noatime {node.root}/dev/md127 {node.root}/scratch",
+        f"mount -t lustre -o relatime,flock {FSX_DEVICE} {node.fsx}",
+    ]
+    assert not [c for c in calls if c.startswith(("mdadm", "mkfs"))]
+    # No pending lifecycle action after a reboot: that is not a failure.
+    assert "no pending launch lifecycle action" in result.stdout
+    assert not (node.state / "failed").exists()
+
+
+def test_a_stop_and_start_rebuilds_the_blank_instance_store(node: FakeNode) -> None:
+    bootstrap_node(node)
+    assert run_bootstrap(node).returncode == 0
+    reboot(node)
+    (node.root / "mdstat").unlink()
+    for blank in (*node.root.glob("fs-*"), node.root / "md-superblocks"):
+        blank.unlink()
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    calls = node.calls()
+    md = f"{node.root}/dev/md/trainium-scratch"
+    assert [c.split()[1] for c in calls if c.startswith("mdadm")] == ["--assemble", "--create"]
+    assert f"mkfs.ext4 -F -q -L trainium-scratch -E nodiscard {md}" in calls
+
+
+def test_a_reboot_after_a_stop_reassembles_the_array_without_formatting_it(
+    node: FakeNode,
+) -> None:
+    bootstrap_node(node)
+    assert run_bootstrap(node).returncode == 0
+    reboot(node)
+    (node.root / "mdstat").unlink()  # not assembled by the kernel: assembled by bootstrap
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    calls = node.calls()
+    assert [c.split()[1] for c in calls if c.startswith("mdadm")] == ["--assemble"]
+    assert not [c for c in calls if c.startswith("mkfs")]
+
+
+def test_one_instance_store_device_is_used_without_an_array(node: FakeNode) -> None:
+    bootstrap_node(node, instance_store=1)
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    calls = node.calls()
+    assert not [c for c in calls if c.startswith("mdadm")]
+    assert f"mount -o noatime {node.root}/dev/nvme1n1 {node.root}/scratch" in calls
+
+
+def test_without_instance_store_scratch_stays_on_the_root_volume(node: FakeNode) -> None:
+    bootstrap_node(node, instance_store=0)
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    assert "no instance-store NVMe on this trn1.32xlarge" in result.stdout
+    assert "SCRATCH" not in node_env(node)
+    assert "TMPDIR" not in node_env(node)
+
+
+def test_a_new_kernel_gets_its_lustre_modules_after_the_dpkg_lock_is_free(
+    node: FakeNode, signing_key: tuple[Path, str]
+) -> None:
+    bootstrap_node(node)
+    (node.root / "no-lustre-module").touch()
+    (node.root / "lock-polls").write_text("2")
+    (node.root / "downloads").mkdir()
+    (node.root / "downloads" / "fsx-ubuntu-public-key.asc").write_text(armored(signing_key))
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    kernel = os.uname().release
+    apt = [c for c in node.calls() if c.startswith("apt-get")]
+    assert apt == [
+        "apt-get -o DPkg::Lock::Timeout=900 update -q",
+        f"apt-get -o DPkg::Lock::Timeout=900 install -y -q lustre-client-modules-{kernel}",
+    ]
+    assert (
+        "waiting up to 900 s for the dpkg lock, held by unattended-upgr (pids 4242)"
+        in result.stdout
+    )
+    assert (node.root / "lock-polls").read_text().strip() == "0"
+    sources = (node.root / "apt" / "fsxlustreclientrepo.list").read_text()
+    assert "https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu noble main" in sources
+
+
+def test_the_dpkg_lock_wait_is_bounded(node: FakeNode, signing_key: tuple[Path, str]) -> None:
+    bootstrap_node(node)
+    (node.root / "no-lustre-module").touch()
+    (node.root / "lock-polls").write_text("1000")
+    (node.root / "downloads").mkdir()
+    (node.root / "downloads" / "fsx-ubuntu-public-key.asc").write_text(armored(signing_key))
+    result = run_bootstrap(node, TRAINIUM_APT_LOCK_TIMEOUT="0")
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        "the dpkg lock is still held after 0 s by unattended-upgr (pids 4242): packages cannot "
+        "be installed yet"
+    ]
+    assert not [c for c in node.calls() if c.startswith("apt-get")]
+
+
+# ------------------------------------------------------------------------ endpoints only
+def test_endpoints_mode_refuses_a_missing_lustre_client_at_once(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.settings["INTERNET_EGRESS"] = "endpoints"
+    node.write_env()
+    (node.root / "no-lustre-module").touch()
+    result = run_bootstrap(node)
+    kernel = os.uname().release
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"the Lustre client for kernel {kernel} (lustre-client-modules-{kernel}) is missing and "
+        "INTERNET_EGRESS=endpoints installs nothing from the internet: use an AMI that has it"
+    ]
+    calls = node.calls()
+    assert not [c for c in calls if c.startswith(("apt-get", "curl GET https"))]
+
+
+def test_endpoints_mode_refuses_workload_packages_it_cannot_download(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.settings["INTERNET_EGRESS"] = "endpoints"
+    node.write_env()
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        "the workload needs transformers==5.23.0, which the Neuron venv lacks, and "
+        "INTERNET_EGRESS=endpoints installs nothing from the internet: ship its wheels in "
+        f"{node.workload}/wheels or use an AMI that has them"
+    ]
+    assert not [c for c in node.calls() if c.startswith("pip install")]
+
+
+def test_endpoints_mode_installs_shipped_wheels_without_an_index(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.settings["INTERNET_EGRESS"] = "endpoints"
+    node.write_env()
+    (node.workload / "wheels").mkdir()
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    pip = [c for c in node.calls() if c.startswith("pip ") and " install " in c]
+    assert len(pip) == 1
+    assert f"--no-index --find-links {node.workload}/wheels -c " in pip[0]
+
+
+def test_endpoints_mode_refuses_a_missing_cloudwatch_agent(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.settings["INTERNET_EGRESS"] = "endpoints"
+    node.write_env()
+    (node.workload / "wheels").mkdir()
+    shutil.rmtree(node.root / "cwagent")
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        "the CloudWatch agent is not installed and INTERNET_EGRESS=endpoints installs nothing "
+        "from the internet: use an AMI that has it"
+    ]
+    assert not [c for c in node.calls() if "amazoncloudwatch-agent" in c]
+
+
+def test_bootstrap_refuses_an_unknown_egress_mode(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.settings["INTERNET_EGRESS"] = "proxy"
+    node.write_env()
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"INTERNET_EGRESS 'proxy' in {node.env_file} is not allowed: use nat or endpoints"
+    ]
+
+
+# ------------------------------------------------------------------ CloudWatch agent
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A gpg home with one signing key, and that key's fingerprint."""
+    if shutil.which("gpg") is None:
+        pytest.skip("gpg is not installed")
+    home = tmp_path_factory.mktemp("gpg")
+    home.chmod(0o700)
+    gpg = ["gpg", "--homedir", str(home), "--batch", "--passphrase", ""]
+    subprocess.run(
+        [*gpg, "--quick-gen-key", "Test Signer <signer@example.com>", "ed25519", "sign", "never"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    listing = subprocess.run(
+        [*gpg, "--with-colons", "--list-keys"], check=True, capture_output=True, text=True
+    ).stdout
+    fingerprint = next(
+        line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr")
+    )
+    yield home, fingerprint
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], check=False)
+
+
+def armored(key: tuple[Path, str]) -> str:
+    home, _ = key
+    return subprocess.run(
+        ["gpg", "--homedir", str(home), "--batch", "--armor", "--export"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+
+
+def publish_agent(node: FakeNode, key: tuple[Path, str], *, tamper: bool = False) -> None:
+    """The agent package, its detached signature and the public key, as the download URLs
+    serve them."""
+    home, _ = key
+    downloads = node.root / "downloads"
+    downloads.mkdir(exist_ok=True)
+    package = downloads / "amazon-cloudwatch-agent.deb"
+    package.write_bytes(b"!<arch>\nfake cloudwatch agent package\n")
+    gpg = ["gpg", "--homedir", str(home), "--batch", "--yes"]
+    subprocess.run([*gpg, "--detach-sign", "-o", f"{package}.sig", str(package)], check=True)
+    exported = subprocess.run([*gpg, "--export"], check=True, capture_output=True).stdout
+    (downloads / "amazon-cloudwatch-agent.gpg").write_bytes(exported)
+    if tamper:
+        package.write_bytes(b"!<arch>\nsomething else\n")
+    shutil.rmtree(node.root / "cwagent")
+
+
+def test_the_cloudwatch_agent_is_installed_after_its_signature_is_verified(
+    node: FakeNode, signing_key: tuple[Path, str]
+) -> None:
+    bootstrap_node(node)
+    publish_agent(node, signing_key)
+    result = run_bootstrap(node, TRAINIUM_CW_AGENT_FINGERPRINT=signing_key[1])
+    assert result.returncode == 0, output(result)
+    calls = node.calls()
+    base = "https://amazoncloudwatch-agent-us-east-1.s3.us-east-1.amazonaws.com/ubuntu/amd64/latest"
+    assert f"curl GET {base}/amazon-cloudwatch-agent.deb" in calls
+    assert f"curl GET {base}/amazon-cloudwatch-agent.deb.sig" in calls
+    assert (
+        "curl GET https://amazoncloudwatch-agent.s3.amazonaws.com/assets/amazon-cloudwatch-agent.gpg"
+        in calls
+    )
+    dpkg = [c for c in calls if c.startswith("dpkg ")]
+    assert len(dpkg) == 1 and dpkg[0].startswith("dpkg -i -E ")
+    assert f"signature verified (key {signing_key[1]})" in result.stdout
+
+
+def test_a_cloudwatch_agent_package_with_a_bad_signature_is_not_installed(
+    node: FakeNode, signing_key: tuple[Path, str]
+) -> None:
+    bootstrap_node(node)
+    publish_agent(node, signing_key, tamper=True)
+    result = run_bootstrap(node, TRAINIUM_CW_AGENT_FINGERPRINT=signing_key[1])
+    base = "https://amazoncloudwatch-agent-us-east-1.s3.us-east-1.amazonaws.com/ubuntu/amd64/latest"
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"the CloudWatch agent package from {base} is not signed by key {signing_key[1]}: "
+        "not installed"
+    ]
+    assert not [c for c in node.calls() if c.startswith("dpkg ")]
+
+
+def test_a_signature_by_another_key_is_refused(
+    node: FakeNode, signing_key: tuple[Path, str]
+) -> None:
+    bootstrap_node(node)
+    publish_agent(node, signing_key)
+    # The default trust anchor is AWS's key: the test key's good signature does not count.
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert "is not signed by key 937616F3450B7D806CBD9725D58167303B789C72" in result.stdout
+    assert not [c for c in node.calls() if c.startswith("dpkg ")]
+
+
+# ------------------------------------------------------------------------ neuron-monitor
+def test_neuron_monitor_runs_under_an_interpreter_that_has_boto3(node: FakeNode) -> None:
+    bootstrap_node(node)
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    unit = (node.root / "systemd" / "trainium-neuron-monitor.service").read_text()
+    assert f"neuron-monitor | {node.root}/neuron-venv/bin/python " in unit
+
+
+def test_neuron_monitor_falls_back_to_a_system_python_with_boto3(node: FakeNode) -> None:
+    bootstrap_node(node)
+    shutil.rmtree(site_packages(node.root / "neuron-venv") / "boto3")
+    system = tool(
+        node.root / "system",
+        "python3",
+        '#!/usr/bin/env bash\n[[ "$*" == "-c import boto3" ]]\n',
+    )
+    result = run_bootstrap(node, TRAINIUM_SYSTEM_PYTHON=str(system))
+    assert result.returncode == 0, output(result)
+    unit = (node.root / "systemd" / "trainium-neuron-monitor.service").read_text()
+    assert f"neuron-monitor | {system} " in unit
+
+
+def test_neuron_monitor_without_boto3_anywhere_fails_in_one_line(node: FakeNode) -> None:
+    bootstrap_node(node)
+    shutil.rmtree(site_packages(node.root / "neuron-venv") / "boto3")
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"neuron-monitor-cloudwatch.py needs boto3 and none of {node.root}/neuron-venv/bin/python,"
+        f" {node.root}/no-system-python, {node.root}/workload-venv/bin/python can import it"
+    ]
+
+
+# ------------------------------------------------------------------------------ failures
 def test_bootstrap_failure_names_the_phase_and_line_and_leaves_no_ready_marker(
     node: FakeNode,
 ) -> None:
@@ -179,6 +773,11 @@ def test_bootstrap_failure_names_the_phase_and_line_and_leaves_no_ready_marker(
     assert (node.state / "failed").read_text().split(" ", 1)[1] == (
         "libfabric has no EFA provider: multi-node training needs the EFA interfaces\n"
     )
+    # The group replaces the node; the alarm sees the failure.
+    aws = [c for c in node.calls() if c.startswith("aws ")]
+    assert any("--lifecycle-action-result ABANDON" in c for c in aws)
+    assert not any("--lifecycle-action-result CONTINUE" in c for c in aws)
+    assert any("--metric-name BootstrapFailures" in c and c.endswith("--value 1") for c in aws)
     node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
     node.write_env()
     check = node.run("preflight.sh", "--hosts", "10.1.0.12", "--nproc-per-node", "1")
@@ -197,6 +796,22 @@ def test_bootstrap_failure_names_the_phase_and_line_and_leaves_no_ready_marker(
     assert failed.split(" ", 1)[1].strip() in result.stdout
 
 
+def test_a_lifecycle_hook_that_cannot_be_completed_fails_the_bootstrap(node: FakeNode) -> None:
+    bootstrap_node(node)
+    denied = (
+        "An error occurred (AccessDenied) when calling the CompleteLifecycleAction operation: "
+        "not authorized"
+    )
+    result = run_bootstrap(node, FAKE_LIFECYCLE_ERROR=denied)
+    assert result.returncode == 1
+    assert (
+        "could not complete lifecycle hook trainium-launch with CONTINUE: An error occurred "
+        "(AccessDenied)" in result.stdout
+    )
+    assert not (node.state / "ready").exists()
+    assert (node.state / "failed").exists()
+
+
 def test_bootstrap_needs_its_settings(node: FakeNode) -> None:
     result = node.run("bootstrap.sh", "--env-file", str(node.root / "missing.env"),
                       TRAINIUM_FSTAB=str(node.root / "fstab"))  # fmt: skip
@@ -209,6 +824,17 @@ def test_bootstrap_needs_its_settings(node: FakeNode) -> None:
     )
     assert result.returncode == 1
     assert "lacks AWS_REGION FSX_DNS_NAME FSX_MOUNT_NAME TRAINING_LOG_GROUP" in result.stdout
+
+
+def test_bootstrap_outside_ec2_says_so(node: FakeNode) -> None:
+    bootstrap_node(node)
+    shutil.rmtree(node.root / "imds")
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert error_lines(result)[0] == (
+        "instance metadata (IMDSv2 at http://169.254.169.254) did not answer: bootstrap runs on "
+        "a cluster node"
+    )
 
 
 # --------------------------------------------------------------------- requirements_diff
@@ -235,3 +861,67 @@ def test_requirements_plan_installs_only_what_differs_and_never_the_neuron_stack
     assert constraints == ["torch==2.8.0+cpu"]
     # The local version label of a Neuron build does not count as a difference.
     assert plan([("torch", "2.9.0")], {"torch": "2.9.0+cpu"}, keep=set())[0] == []
+
+
+def test_requirements_plan_keeps_what_the_neuron_stack_depends_on() -> None:
+    from scripts.node.requirements_diff import (
+        parse_requirements,
+        plan,
+        runtime_requirements,
+        shared_closure,
+    )
+
+    installed = {name: version for name, (version, _) in NEURON_VENV_PACKAGES.items()}
+    requires = {
+        name: runtime_requirements(reqs) for name, (_, reqs) in NEURON_VENV_PACKAGES.items()
+    }
+    assert requires["torch"] == ["filelock", "typing-extensions"]  # extras left out
+    shared = shared_closure({"torch", "torch-xla", "torch-neuronx", "libneuronxla", "neuronx-cc"},
+                            requires)  # fmt: skip
+    assert shared == {
+        "filelock": "torch", "typing-extensions": "torch", "numpy": "libneuronxla",
+        "boto3": "libneuronxla", "pyyaml": "torch-xla", "absl-py": "torch-xla",
+        "protobuf": "neuronx-cc",
+    }  # fmt: skip
+    keep = {"torch", "torch-xla", "torch-neuronx", "neuronx-cc", "libneuronxla",
+            "torchvision", "neuronx-distributed"}  # fmt: skip
+    install, warnings, constraints = plan(
+        parse_requirements(WORKLOAD_REQUIREMENTS + "pyyaml==6.0.3\nsafetensors==0.8.0\n"),
+        installed, keep, shared,
+    )  # fmt: skip
+    # transformers is neuronx-distributed's, which the training process does not load: the
+    # workload's own version goes into the layer. numpy and pyyaml stay the Neuron venv's.
+    assert install == ["transformers==5.23.0", "safetensors==0.8.0"]
+    assert warnings == [
+        "numpy 2.2.6 is installed, 2.4.6 is pinned: keeping 2.2.6 (libneuronxla in the Neuron "
+        "venv depends on it)",
+        "pyyaml 6.0.2 is installed, 6.0.3 is pinned: keeping 6.0.2 (torch-xla in the Neuron venv "
+        "depends on it)",
+    ]
+    assert constraints == [
+        "absl-py==2.1.0", "boto3==1.40.0", "filelock==3.16.0", "libneuronxla==2.2.17544.0",
+        "neuronx-cc==2.26.6360.0", "neuronx-distributed==0.19.28492", "numpy==2.2.6",
+        "protobuf==5.29.4", "pyyaml==6.0.2", "torch==2.9.0+cpu", "torch-neuronx==2.9.0.2.15.32035",
+        "torch-xla==2.9.0", "typing-extensions==4.12.2",
+    ]  # fmt: skip
+
+
+def test_requirements_diff_reads_the_first_installed_copy_as_python_imports_it(
+    tmp_path: Path,
+) -> None:
+    """The layer's copy of a package shadows the Neuron venv's, for imports and for the plan."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for site, version in ((first, "5.23.0"), (second, "4.57.1")):
+        info = site / f"transformers-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n"
+        )
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("transformers==5.23.0\n")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "node" / "requirements_diff.py"
+    result = subprocess.run(
+        [sys.executable, "-S", str(script), str(requirements)], capture_output=True, text=True,
+        env={"PYTHONPATH": f"{first}:{second}"}, check=True,
+    )  # fmt: skip
+    assert result.stdout == ""

@@ -1,24 +1,42 @@
 #!/usr/bin/env bash
-# Prepares a cluster node for training; the instance user data runs it after unpacking
-# /opt/trainium-cluster and writing cluster.env.
+# Prepares a cluster node for training, on every boot. The instance user data runs it the
+# first time, after unpacking /opt/trainium-cluster and writing cluster.env; it installs the
+# systemd unit trainium-bootstrap.service, which runs it on every later boot.
 #
 #   bootstrap.sh [--env-file /etc/trainium-cluster/cluster.env]
 #
 # Phases, each logged with its duration to /var/log/trainium-cluster/bootstrap.log:
 #   environment     read and check cluster.env
-#   fsx             install the Lustre client if missing, add the FSx mount to fstab (once),
-#                   mount it at FSX_MOUNT_POINT unless already mounted
+#   identity        instance, AMI, Auto Scaling group and launch template version (IMDSv2,
+#                   then autoscaling:DescribeAutoScalingInstances); writes node.env
+#   boot-unit       trainium-bootstrap.service (every boot, after network-online.target) and
+#                   a tmpfiles.d rule that clears the previous boot's ready/failed markers
+#   scratch         instance-store NVMe: RAID 0 over all of them (or the one), ext4, mounted
+#                   at SCRATCH_DIR; TMPDIR for jobs and the Neuron compiler goes there
+#   fsx             Lustre client for the running kernel, fstab entry, /fsx mounted
 #   neuron          Neuron driver loaded, NeuronCores visible (neuron-ls)
 #   efa             libfabric EFA provider present (multi-node clusters)
-#   python          install workload/requirements.txt into the Neuron venv, only the
-#                   packages whose installed version differs; never the Neuron SDK's own
+#   python          the workload venv layered on the Neuron venv (see requirements_diff.py):
+#                   only what the Neuron venv lacks is installed, never over its packages
 #   workload        the workload asset is unpacked at WORKLOAD_DIR
 #   compile-cache   point the Neuron persistent compile cache at COMPILE_CACHE_URL
-#   monitoring      CloudWatch agent (bootstrap and job logs, memory and disk metrics) and
-#                   neuron-monitor metrics, both under METRICS_NAMESPACE
-#   ready           write the ready marker /var/lib/trainium-cluster/ready
-# Idempotent: a second run (or a run after a reboot) changes nothing that is already in
-# place. On failure it logs the failing line and leaves /var/lib/trainium-cluster/failed.
+#   monitoring      CloudWatch agent (signature checked before install) and neuron-monitor
+#                   metrics through an interpreter that has boto3
+#   lifecycle       BootstrapFailures 0 and the launch lifecycle hook completed with CONTINUE
+#   ready           node.env rewritten, ready marker /var/lib/trainium-cluster/ready
+# On failure: the failed marker, BootstrapFailures 1 (namespace METRICS_NAMESPACE, dimension
+# ClusterName) and ABANDON for the launch lifecycle hook, so the group replaces the node.
+#
+# /etc/trainium-cluster/node.env (beside cluster.env), rewritten on every boot, holds
+# INSTANCE_ID, AMI_ID, LAUNCH_TEMPLATE_VERSION, AUTO_SCALING_GROUP_NAME, SOFTWARE_VERSION,
+# BOOT_ID and, where they apply, SCRATCH and TMPDIR (instance store) and WORKLOAD_PYTHON (the
+# workload venv's interpreter: run the job with it, e.g. `$WORKLOAD_PYTHON -m
+# torch.distributed.run`, since the Neuron venv's own torchrun does not see the layer).
+#
+# With INTERNET_EGRESS=endpoints nothing is installed from the internet: anything missing
+# fails the run at once with one line that names it. Wheels in WORKLOAD_DIR/wheels (or
+# WHEELHOUSE) are installed without an index in either mode.
+# Idempotent: a second run (or a run after a reboot) changes nothing that is already in place.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -26,18 +44,49 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 FSTAB="${TRAINIUM_FSTAB:-/etc/fstab}"
 PROFILE_DIR="${TRAINIUM_PROFILE_DIR:-/etc/profile.d}"
 SYSTEMD_DIR="${TRAINIUM_SYSTEMD_DIR:-/etc/systemd/system}"
+TMPFILES_DIR="${TRAINIUM_TMPFILES_DIR:-/etc/tmpfiles.d}"
 CW_AGENT_DIR="${TRAINIUM_CW_AGENT_DIR:-/opt/aws/amazon-cloudwatch-agent}"
 NEURON_BIN="${TRAINIUM_NEURON_BIN:-/opt/aws/neuron/bin}"
+WORKLOAD_VENV="${TRAINIUM_WORKLOAD_VENV:-/opt/trainium-cluster/workload-venv}"
+SYSTEM_PYTHON="${TRAINIUM_SYSTEM_PYTHON:-/usr/bin/python3}"
+IMDS="${TRAINIUM_IMDS:-http://169.254.169.254}"
+OS_RELEASE="${TRAINIUM_OS_RELEASE:-/etc/os-release}"
+SYS_BLOCK="${TRAINIUM_SYS_BLOCK:-/sys/block}"
+DEV_DIR="${TRAINIUM_DEV_DIR:-/dev}"
+MDSTAT="${TRAINIUM_MDSTAT:-/proc/mdstat}"
+APT_SOURCES_DIR="${TRAINIUM_APT_SOURCES_DIR:-/etc/apt/sources.list.d}"
+KEYRING_DIR="${TRAINIUM_KEYRING_DIR:-/usr/share/keyrings}"
+APT_LOCK_TIMEOUT="${TRAINIUM_APT_LOCK_TIMEOUT:-900}"
+LOCK_POLL="${TRAINIUM_LOCK_POLL:-5}"
+# The key that signs the CloudWatch agent packages: "Verifying the signature of the
+# CloudWatch agent package" (CloudWatch user guide) gives key ID 3B789C72 with this
+# fingerprint. TRAINIUM_CW_AGENT_FINGERPRINT exists for the tests, which sign with their own.
+CW_AGENT_FINGERPRINT="${TRAINIUM_CW_AGENT_FINGERPRINT:-937616F3450B7D806CBD9725D58167303B789C72}"
+CW_AGENT_KEY_URL="https://amazoncloudwatch-agent.s3.amazonaws.com/assets/amazon-cloudwatch-agent.gpg"
+# The model string EC2 gives instance-store NVMe controllers (EBS volumes read
+# "Amazon Elastic Block Store"): EC2 user guide, "Instance store volumes", NVMe.
+INSTANCE_STORE_MODEL="Amazon EC2 NVMe Instance Storage"
+SCRATCH_LABEL="trainium-scratch"
+BOOT_UNIT="trainium-bootstrap.service"
+DPKG_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
 FAILED_MARKER="$STATE_DIR/failed"
 # Packages the Neuron venv ships; installing PyPI builds over them would break it.
 NEURON_PACKAGES="torch,torch-xla,torch-neuronx,neuronx-cc,libneuronxla,torchvision,neuronx-distributed"
 
-# Leaves the reason of a failed run where preflight (and an operator) will find it.
+NODE_ENV=""
+INSTANCE_ID=""
+ASG_NAME=""
+declare -A NODE_VALUES=()
+
+# Leaves the reason of a failed run where preflight (and an operator) will find it, and tells
+# CloudWatch and the Auto Scaling group.
 on_bootstrap_exit() {
   local status=$?
   if ((status != 0)); then
+    rm -f "$READY_MARKER"
     printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${LAST_ERROR:-bootstrap.sh exited with status $status}" \
       >"$FAILED_MARKER" 2>/dev/null || true
+    report_failure || true
   fi
 }
 
@@ -52,6 +101,7 @@ while (($#)); do
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
+NODE_ENV="${TRAINIUM_NODE_ENV:-$(dirname "$ENV_FILE")/node.env}"
 
 mkdir -p "$STATE_DIR" "$LOG_DIR/jobs"
 exec > >(tee -a "$LOG_DIR/bootstrap.log") 2>&1
@@ -63,8 +113,8 @@ rm -f "$READY_MARKER" "$FAILED_MARKER"
 started=$(date +%s)
 
 os_id() {
-  # shellcheck disable=SC1091
-  (source /etc/os-release && echo "${ID:-unknown} ${VERSION_CODENAME:-}")
+  # shellcheck disable=SC1090
+  (source "$OS_RELEASE" && echo "${ID:-unknown} ${VERSION_CODENAME:-}")
 }
 
 # Replaces $1 with the content of $2 only when they differ; returns 1 when unchanged.
@@ -78,6 +128,84 @@ install_if_changed() {
   mv "$target.tmp" "$target"
 }
 
+# Fails at once when the nodes may not reach the internet: $1 says what is missing, $2 what
+# to do instead.
+require_internet() {
+  [[ ${INTERNET_EGRESS:-nat} != endpoints ]] ||
+    die "$1 and INTERNET_EGRESS=endpoints installs nothing from the internet: ${2:-use an AMI that has it}"
+}
+
+aws_cli() {
+  aws --region "$AWS_REGION" --cli-connect-timeout 10 --cli-read-timeout 30 "$@"
+}
+
+# imds <path>: one instance metadata value (IMDSv2); fails when it is absent.
+IMDS_TOKEN=""
+imds() {
+  if [[ -z $IMDS_TOKEN ]]; then
+    IMDS_TOKEN=$(curl -sf --retry 3 --max-time 5 -X PUT "$IMDS/latest/api/token" \
+      -H "X-aws-ec2-metadata-token-ttl-seconds: 21600") || return 1
+  fi
+  curl -sf --max-time 5 -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" "$IMDS/latest/meta-data/$1"
+}
+
+write_node_env() {
+  local key
+  {
+    echo "# Written by bootstrap.sh on every boot, $(date -u +%Y-%m-%dT%H:%M:%SZ)."
+    for key in INSTANCE_ID AMI_ID LAUNCH_TEMPLATE_VERSION AUTO_SCALING_GROUP_NAME SOFTWARE_VERSION \
+      BOOT_ID SCRATCH TMPDIR WORKLOAD_PYTHON; do
+      if [[ -n ${NODE_VALUES[$key]:-} ]]; then
+        printf '%s=%q\n' "$key" "${NODE_VALUES[$key]}"
+      fi
+    done
+  } >"$NODE_ENV.tmp"
+  mv "$NODE_ENV.tmp" "$NODE_ENV"
+}
+
+# Completes the launch lifecycle hook. A later boot (reboot) has no pending action: AWS
+# answers "No active Lifecycle Action found", which is expected there.
+complete_lifecycle() {
+  local result=$1 out
+  if [[ -z ${LIFECYCLE_HOOK_NAME:-} ]]; then
+    log "no LIFECYCLE_HOOK_NAME in cluster.env: no lifecycle hook to complete"
+    return 0
+  fi
+  if [[ -z $ASG_NAME || -z $INSTANCE_ID ]]; then
+    log "warning: this instance's Auto Scaling group is unknown: lifecycle hook $LIFECYCLE_HOOK_NAME not completed"
+    return 0
+  fi
+  if out=$(aws_cli autoscaling complete-lifecycle-action --lifecycle-hook-name "$LIFECYCLE_HOOK_NAME" \
+    --auto-scaling-group-name "$ASG_NAME" --instance-id "$INSTANCE_ID" \
+    --lifecycle-action-result "$result" 2>&1); then
+    log "lifecycle hook $LIFECYCLE_HOOK_NAME completed with $result"
+  elif [[ $out == *"No active Lifecycle Action"* ]]; then
+    log "no pending launch lifecycle action (a later boot): $result not needed"
+  else
+    log "error: could not complete lifecycle hook $LIFECYCLE_HOOK_NAME with $result: $(head -n 1 <<<"$out")"
+    return 1
+  fi
+}
+
+put_bootstrap_failures() {
+  aws_cli cloudwatch put-metric-data --namespace "$METRICS_NAMESPACE" --metric-name BootstrapFailures \
+    --dimensions "ClusterName=$CLUSTER_NAME" --unit Count --value "$1" >/dev/null
+}
+
+report_failure() {
+  if [[ -z ${AWS_REGION:-} || -z ${CLUSTER_NAME:-} || -z ${METRICS_NAMESPACE:-} ]]; then
+    log "cluster settings not loaded: the failure is not reported to CloudWatch"
+    return 0
+  fi
+  [[ -n $INSTANCE_ID ]] || INSTANCE_ID=$(imds instance-id 2>/dev/null) || INSTANCE_ID=""
+  if put_bootstrap_failures 1; then
+    log "reported BootstrapFailures=1 to $METRICS_NAMESPACE"
+  else
+    log "warning: could not put BootstrapFailures=1 to $METRICS_NAMESPACE"
+  fi
+  complete_lifecycle ABANDON || true
+}
+
 phase_environment() {
   [[ -f $ENV_FILE ]] || die "cluster settings $ENV_FILE not found (the instance user data writes it)"
   load_cluster_env
@@ -88,23 +216,191 @@ phase_environment() {
   done
   ((${#missing[@]} == 0)) || die "$ENV_FILE lacks ${missing[*]}"
   [[ $NODE_COUNT =~ ^[1-9][0-9]*$ ]] || die "NODE_COUNT '$NODE_COUNT' in $ENV_FILE is not a number"
+  INTERNET_EGRESS="${INTERNET_EGRESS:-nat}"
+  [[ $INTERNET_EGRESS == nat || $INTERNET_EGRESS == endpoints ]] ||
+    die "INTERNET_EGRESS '$INTERNET_EGRESS' in $ENV_FILE is not allowed: use nat or endpoints"
   # The namespace the node role may publish metrics to (the operations dashboard reads it).
   METRICS_NAMESPACE="${METRICS_NAMESPACE:-TrainiumCluster/$CLUSTER_NAME}"
-  log "cluster $CLUSTER_NAME: $NODE_COUNT x $INSTANCE_TYPE in $AWS_REGION"
+  log "cluster $CLUSTER_NAME: $NODE_COUNT x $INSTANCE_TYPE in $AWS_REGION, egress $INTERNET_EGRESS"
+}
+
+phase_identity() {
+  local out name version
+  INSTANCE_ID=$(imds instance-id) ||
+    die "instance metadata (IMDSv2 at $IMDS) did not answer: bootstrap runs on a cluster node"
+  NODE_VALUES[INSTANCE_ID]=$INSTANCE_ID
+  NODE_VALUES[AMI_ID]=$(imds ami-id) || die "instance metadata has no ami-id"
+  # Instance tags are in the metadata only when the launch template allows it.
+  ASG_NAME=$(imds tags/instance/aws:autoscaling:groupName 2>/dev/null) || ASG_NAME=""
+  version=$(imds tags/instance/aws:ec2launchtemplate:version 2>/dev/null) || version=""
+  if [[ -z $ASG_NAME || -z $version ]]; then
+    out=$(aws_cli autoscaling describe-auto-scaling-instances --instance-ids "$INSTANCE_ID" \
+      --query 'AutoScalingInstances[0].[AutoScalingGroupName,LaunchTemplate.Version]' --output text 2>&1) ||
+      die "aws autoscaling describe-auto-scaling-instances failed: $(head -n 1 <<<"$out")"
+    read -r name version <<<"$out"
+    [[ $name == None ]] && name=""
+    [[ $version == None ]] && version=""
+    ASG_NAME=${ASG_NAME:-$name}
+  fi
+  NODE_VALUES[AUTO_SCALING_GROUP_NAME]=$ASG_NAME
+  NODE_VALUES[LAUNCH_TEMPLATE_VERSION]=${version:-unknown}
+  NODE_VALUES[SOFTWARE_VERSION]=${SOFTWARE_VERSION:-unknown}
+  NODE_VALUES[BOOT_ID]=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)
+  write_node_env
+  log "instance $INSTANCE_ID, ${NODE_VALUES[AMI_ID]}, group ${ASG_NAME:-none}," \
+    "launch template version ${NODE_VALUES[LAUNCH_TEMPLATE_VERSION]}, software ${NODE_VALUES[SOFTWARE_VERSION]}"
+}
+
+phase_boot_unit() {
+  local unit rules changed=0
+  # Type=oneshot has no start time-out by default (systemd.service(5)): bound it.
+  unit="[Unit]
+Description=Trainium cluster node bootstrap (mounts, scratch, software, lifecycle hook)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=oneshot
+ExecStart=/bin/bash $NODE_DIR/bootstrap.sh --env-file $ENV_FILE
+TimeoutStartSec=45min
+
+[Install]
+WantedBy=multi-user.target"
+  # A reboot keeps /var/lib: drop the last boot's markers before anything can read them
+  # ("r!": remove, at boot only; tmpfiles.d(5)).
+  rules="# Written by trainium-cluster bootstrap.sh: bootstrap re-runs on every boot.
+r! $READY_MARKER
+r! $FAILED_MARKER"
+  install_if_changed "$TMPFILES_DIR/trainium-cluster.conf" "$rules" && changed=1
+  if install_if_changed "$SYSTEMD_DIR/$BOOT_UNIT" "$unit"; then
+    systemctl daemon-reload
+    changed=1
+  fi
+  # Enabled, never started from here: this run is the one it would start.
+  systemctl is-enabled --quiet "$BOOT_UNIT" 2>/dev/null || systemctl enable "$BOOT_UNIT"
+  if ((changed)); then
+    log "$BOOT_UNIT runs bootstrap on every boot"
+  else
+    log "$BOOT_UNIT already installed"
+  fi
+}
+
+# Sets SCRATCH_DEVICE to the RAID 0 array over the given devices: the one the kernel already
+# assembled (after a reboot), else assembled from their superblocks, else created (first
+# boot, or after a stop and start, which leaves the instance store blank).
+assemble_scratch() {
+  local md
+  md=$(awk -v d="${1##*/}" '$2 == ":" && $3 == "active" {
+    for (i = 5; i <= NF; i++) if (index($i, d "[") == 1) { print $1; exit } }' "$MDSTAT" 2>/dev/null || true)
+  if [[ -n $md ]]; then
+    SCRATCH_DEVICE="$DEV_DIR/$md"
+    log "instance store already assembled as $SCRATCH_DEVICE"
+    return 0
+  fi
+  SCRATCH_DEVICE="$DEV_DIR/md/$SCRATCH_LABEL"
+  if mdadm --assemble "$SCRATCH_DEVICE" "$@" >/dev/null 2>&1; then
+    log "assembled $SCRATCH_DEVICE from $# instance-store devices"
+    return 0
+  fi
+  mdadm --create "$SCRATCH_DEVICE" --run --level=0 --raid-devices="$#" --name="$SCRATCH_LABEL" "$@"
+  log "created RAID 0 $SCRATCH_DEVICE over $# instance-store devices: $*"
+}
+
+phase_scratch() {
+  local block model devices=() fs
+  if [[ -z ${SCRATCH_DIR:-} ]]; then
+    log "no SCRATCH_DIR in cluster.env: temporary files stay on the root volume"
+    return 0
+  fi
+  for block in "$SYS_BLOCK"/nvme*; do
+    [[ -r $block/device/model ]] || continue
+    read -r model <"$block/device/model" || true
+    [[ $model == "$INSTANCE_STORE_MODEL" ]] && devices+=("$DEV_DIR/${block##*/}")
+  done
+  if ((${#devices[@]} == 0)); then
+    log "no instance-store NVMe on this $INSTANCE_TYPE: temporary files stay on the root volume"
+    return 0
+  fi
+  if mountpoint -q "$SCRATCH_DIR"; then
+    log "$SCRATCH_DIR is already mounted"
+  else
+    if ((${#devices[@]} == 1)); then
+      SCRATCH_DEVICE=${devices[0]}
+    else
+      assemble_scratch "${devices[@]}"
+    fi
+    fs=$(blkid -o value -s TYPE "$SCRATCH_DEVICE" 2>/dev/null || true)
+    if [[ -z $fs ]]; then
+      # The instance store comes trimmed: skip the discard pass over terabytes.
+      mkfs.ext4 -F -q -L "$SCRATCH_LABEL" -E nodiscard "$SCRATCH_DEVICE"
+      log "made an ext4 file system on $SCRATCH_DEVICE"
+    fi
+    mkdir -p "$SCRATCH_DIR"
+    mount -o noatime "$SCRATCH_DEVICE" "$SCRATCH_DIR"
+    log "mounted $SCRATCH_DEVICE (${#devices[@]} instance-store devices) at $SCRATCH_DIR"
+  fi
+  mkdir -p "$SCRATCH_DIR/tmp"
+  chmod 1777 "$SCRATCH_DIR/tmp"
+  NODE_VALUES[SCRATCH]=$SCRATCH_DIR
+  NODE_VALUES[TMPDIR]=$SCRATCH_DIR/tmp
+  # The Neuron compiler's work directories go under TMPDIR (/tmp/<user>/neuroncc_compile_workdir
+  # by default); so do pip's builds for the rest of this run.
+  export TMPDIR="$SCRATCH_DIR/tmp"
+}
+
+# Prints "<commands> (pids <pids>)" of the processes holding the dpkg/apt locks; fails when
+# none does.
+dpkg_lock_holders() {
+  local pids
+  pids=$(fuser "${DPKG_LOCKS[@]}" 2>/dev/null) || return 1
+  read -r -a pids <<<"$pids"
+  ((${#pids[@]})) || return 1
+  echo "$(ps -o comm= -p "$(
+    IFS=,
+    echo "${pids[*]}"
+  )" | sort -u | paste -sd, -) (pids ${pids[*]})"
+}
+
+# Waits, up to APT_LOCK_TIMEOUT seconds, until no process holds the dpkg/apt locks: on first
+# boot unattended-upgrades holds them for minutes.
+wait_for_dpkg_lock() {
+  local waited=0 holders
+  while holders=$(dpkg_lock_holders); do
+    if ((waited >= APT_LOCK_TIMEOUT)); then
+      die "the dpkg lock is still held after $APT_LOCK_TIMEOUT s by $holders: packages cannot be installed yet"
+    fi
+    ((waited > 0)) || log "waiting up to $APT_LOCK_TIMEOUT s for the dpkg lock, held by $holders"
+    sleep "$LOCK_POLL"
+    waited=$((waited + LOCK_POLL))
+  done
+}
+
+apt_get() {
+  wait_for_dpkg_lock
+  # apt-get waits for the frontend lock itself too, in case another process takes it now.
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT" "$@"
+}
+
+lustre_client_present() {
+  command -v mount.lustre >/dev/null 2>&1 && modinfo -k "$(uname -r)" lustre >/dev/null 2>&1
 }
 
 install_lustre_client() {
-  local id codename
+  local id codename kernel
+  kernel=$(uname -r)
+  require_internet "the Lustre client for kernel $kernel (lustre-client-modules-$kernel) is missing"
   read -r id codename < <(os_id)
-  log "installing the Lustre client for $id $codename"
+  log "installing the Lustre client for $id $codename, kernel $kernel"
   case $id in
     ubuntu)
-      curl -fsSL https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc |
-        gpg --dearmor --yes -o /usr/share/keyrings/fsx-ubuntu-public-key.gpg
-      echo "deb [signed-by=/usr/share/keyrings/fsx-ubuntu-public-key.gpg] https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu $codename main" \
-        >/etc/apt/sources.list.d/fsxlustreclientrepo.list
-      apt-get update -q
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q "lustre-client-modules-$(uname -r)"
+      # The FSx for Lustre user guide, "Installing the Lustre client", Ubuntu.
+      mkdir -p "$KEYRING_DIR" "$APT_SOURCES_DIR"
+      curl -fsSL --retry 3 --max-time 60 https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc |
+        gpg --dearmor --yes -o "$KEYRING_DIR/fsx-ubuntu-public-key.gpg"
+      echo "deb [signed-by=$KEYRING_DIR/fsx-ubuntu-public-key.gpg] https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu $codename main" \
+        >"$APT_SOURCES_DIR/fsxlustreclientrepo.list"
+      apt_get update -q
+      apt_get install -y -q "lustre-client-modules-$kernel"
       ;;
     amzn) dnf install -y -q lustre-client ;;
     *) die "no Lustre client install recipe for $id: install it in the AMI" ;;
@@ -113,8 +409,12 @@ install_lustre_client() {
 
 phase_fsx() {
   local device="${FSX_DNS_NAME}@tcp:/${FSX_MOUNT_NAME}" line attempt
-  line="$device $FSX_MOUNT_POINT lustre defaults,relatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0"
-  command -v mount.lustre >/dev/null 2>&1 || install_lustre_client
+  # Ubuntu 24.04 has no network.service. _netdev makes it a network mount, nofail keeps a
+  # boot from hanging on it, and x-systemd.requires= adds Requires= and After= on
+  # network-online.target (systemd.mount(5)). Bootstrap mounts it on every boot anyway.
+  line="$device $FSX_MOUNT_POINT lustre defaults,relatime,flock,_netdev,nofail,x-systemd.requires=network-online.target 0 0"
+  # A new kernel needs its own lustre-client-modules package: check for this kernel's.
+  lustre_client_present || install_lustre_client
   if grep -qxF "$line" "$FSTAB" 2>/dev/null; then
     log "fstab already mounts $FSX_MOUNT_POINT"
   else
@@ -172,24 +472,55 @@ phase_efa() {
   log "EFA provider present"
 }
 
+# The workload venv: a venv whose site-packages come before the Neuron venv's (a .pth file
+# adds those after its own, site.addsitedir so that their .pth files work too). The Neuron
+# venv is never written to.
+make_workload_venv() {
+  local neuron_python=$1 python="$WORKLOAD_VENV/bin/python" own lines="" dir
+  if [[ ! -x $python || $(cat "$WORKLOAD_VENV/neuron-venv" 2>/dev/null) != "$NEURON_VENV" ]]; then
+    "$neuron_python" -m venv --clear --without-pip "$WORKLOAD_VENV"
+    echo "$NEURON_VENV" >"$WORKLOAD_VENV/neuron-venv"
+    log "created the workload venv $WORKLOAD_VENV over $NEURON_VENV"
+  fi
+  own=$("$python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  while read -r dir; do
+    lines+="import site; site.addsitedir('$dir')"$'\n'
+  done < <("$neuron_python" -c 'import sysconfig
+for d in dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]): print(d)')
+  install_if_changed "$own/trainium-neuron-venv.pth" "${lines%$'\n'}" || true
+}
+
 phase_python() {
-  local python="$NEURON_VENV/bin/python" plan constraints
-  if [[ ! -x $python ]]; then
+  local neuron_python="$NEURON_VENV/bin/python" python="$WORKLOAD_VENV/bin/python" plan constraints
+  local wheelhouse="${WHEELHOUSE:-$WORKLOAD_DIR/wheels}" source_args=()
+  if [[ ! -x $neuron_python ]]; then
     [[ $INSTANCE_TYPE != trn* ]] || die "Neuron venv $NEURON_VENV not found: use the Neuron DLAMI with PyTorch 2.9"
     log "no venv at $NEURON_VENV: skipped"
     return 0
   fi
+  make_workload_venv "$neuron_python"
+  NODE_VALUES[WORKLOAD_PYTHON]=$python
   constraints="$STATE_DIR/neuron-constraints.txt"
   plan=$("$python" "$NODE_DIR/requirements_diff.py" "$WORKLOAD_DIR/requirements.txt" \
     --keep "$NEURON_PACKAGES" --constraints "$constraints")
   if [[ -z $plan ]]; then
-    log "the Neuron venv already has every pinned workload requirement"
+    log "the workload venv already has every pinned workload requirement"
     return 0
   fi
-  log "installing into $NEURON_VENV: $(paste -sd' ' <<<"$plan")"
+  if [[ -d $wheelhouse ]]; then
+    source_args=(--no-index --find-links "$wheelhouse")
+  else
+    require_internet "the workload needs $(paste -sd' ' <<<"$plan"), which the Neuron venv lacks," \
+      "ship its wheels in $wheelhouse or use an AMI that has them"
+  fi
+  log "installing into $WORKLOAD_VENV: $(paste -sd' ' <<<"$plan")"
+  # The Neuron venv's pip installs into the workload venv (pip --python); the constraints keep
+  # the Neuron stack's packages at the Neuron venv's versions.
   # shellcheck disable=SC2086  # one requirement per word
-  "$python" -m pip install --quiet --disable-pip-version-check -c "$constraints" $plan
-  "$python" -m pip check || log "warning: pip check reports conflicts in $NEURON_VENV (listed above)"
+  "$neuron_python" -m pip --python "$python" install --quiet --disable-pip-version-check \
+    "${source_args[@]}" -c "$constraints" $plan
+  "$neuron_python" -m pip --python "$python" check ||
+    log "warning: pip check reports conflicts in $WORKLOAD_VENV (listed above)"
 }
 
 phase_workload() {
@@ -208,26 +539,65 @@ export NEURON_COMPILE_CACHE_URL=\"$COMPILE_CACHE_URL\""
   fi
 }
 
+# verify_signature <key> <signature> <file> <fingerprint>: true when <signature> is a good
+# signature of <file> by the key with <fingerprint> (or one of its subkeys).
+verify_signature() {
+  local home status
+  home=$(mktemp -d)
+  gpg --homedir "$home" --batch --quiet --import "$1" >/dev/null 2>&1 || true
+  status=$(gpg --homedir "$home" --batch --status-fd 1 --verify "$2" "$3" 2>/dev/null || true)
+  gpgconf --homedir "$home" --kill all >/dev/null 2>&1 || true
+  rm -rf "$home"
+  awk -v fpr="$4" '$1 == "[GNUPG:]" && $2 == "VALIDSIG" && ($3 == fpr || $NF == fpr) {found = 1}
+    END {exit !found}' <<<"$status"
+}
+
 install_cloudwatch_agent() {
-  local id package
+  local id dir base
+  require_internet "the CloudWatch agent is not installed"
   read -r id _ < <(os_id)
   log "installing the CloudWatch agent"
   case $id in
     ubuntu | debian)
-      package=$(mktemp --suffix=.deb)
-      curl -fsSL -o "$package" \
-        "https://amazoncloudwatch-agent-$AWS_REGION.s3.$AWS_REGION.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb"
-      dpkg -i -E "$package"
-      rm -f "$package"
+      # CloudWatch user guide: download the package and its .sig, verify with AWS's public
+      # key, then install. Trainium instances are x86_64.
+      dir=$(mktemp -d)
+      base="https://amazoncloudwatch-agent-$AWS_REGION.s3.$AWS_REGION.amazonaws.com/ubuntu/amd64/latest"
+      curl -fsSL --retry 3 --max-time 300 -o "$dir/amazon-cloudwatch-agent.deb" "$base/amazon-cloudwatch-agent.deb"
+      curl -fsSL --retry 3 --max-time 60 -o "$dir/amazon-cloudwatch-agent.deb.sig" "$base/amazon-cloudwatch-agent.deb.sig"
+      curl -fsSL --retry 3 --max-time 60 -o "$dir/amazon-cloudwatch-agent.gpg" "$CW_AGENT_KEY_URL"
+      if ! verify_signature "$dir/amazon-cloudwatch-agent.gpg" "$dir/amazon-cloudwatch-agent.deb.sig" \
+        "$dir/amazon-cloudwatch-agent.deb" "$CW_AGENT_FINGERPRINT"; then
+        rm -rf "$dir"
+        die "the CloudWatch agent package from $base is not signed by key $CW_AGENT_FINGERPRINT: not installed"
+      fi
+      log "CloudWatch agent package signature verified (key $CW_AGENT_FINGERPRINT)"
+      wait_for_dpkg_lock
+      dpkg -i -E "$dir/amazon-cloudwatch-agent.deb"
+      rm -rf "$dir"
       ;;
     amzn) dnf install -y -q amazon-cloudwatch-agent ;;
     *) die "no CloudWatch agent install recipe for $id" ;;
   esac
 }
 
+# The first interpreter that can import boto3, which neuron-monitor-cloudwatch.py needs
+# (Neuron monitor user guide, "Companion scripts").
+monitor_python() {
+  local candidate
+  for candidate in "$NEURON_VENV/bin/python" "$SYSTEM_PYTHON" "${NODE_VALUES[WORKLOAD_PYTHON]:-}"; do
+    if [[ -n $candidate && -x $candidate ]] && "$candidate" -c 'import boto3' >/dev/null 2>&1; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
 phase_monitoring() {
-  local ctl="$CW_AGENT_DIR/bin/amazon-cloudwatch-agent-ctl" config unit monitor
+  local ctl="$CW_AGENT_DIR/bin/amazon-cloudwatch-agent-ctl" config unit monitor python disks
   [[ -x $ctl ]] || install_cloudwatch_agent
+  disks="\"/\", \"$FSX_MOUNT_POINT\"${NODE_VALUES[SCRATCH]:+, \"${NODE_VALUES[SCRATCH]}\"}"
   config=$(
     cat <<JSON
 {
@@ -246,7 +616,7 @@ phase_monitoring() {
     "append_dimensions": {"InstanceId": "\${aws:InstanceId}"},
     "metrics_collected": {
       "mem": {"measurement": ["mem_used_percent"]},
-      "disk": {"measurement": ["used_percent"], "resources": ["/", "$FSX_MOUNT_POINT"]}
+      "disk": {"measurement": ["used_percent"], "resources": [$disks]}
     }
   }
 }
@@ -265,12 +635,15 @@ JSON
     log "no neuron-monitor on this node: Neuron metrics skipped"
     return 0
   fi
+  python=$(monitor_python) ||
+    die "neuron-monitor-cloudwatch.py needs boto3 and none of $NEURON_VENV/bin/python, $SYSTEM_PYTHON${NODE_VALUES[WORKLOAD_PYTHON]:+, ${NODE_VALUES[WORKLOAD_PYTHON]}} can import it"
   unit="[Unit]
 Description=neuron-monitor metrics to CloudWatch ($METRICS_NAMESPACE)
+Wants=network-online.target
 After=network-online.target
 
 [Service]
-ExecStart=/bin/bash -c '$NEURON_BIN/neuron-monitor | $NEURON_VENV/bin/python $monitor --namespace $METRICS_NAMESPACE --region $AWS_REGION'
+ExecStart=/bin/bash -c '$NEURON_BIN/neuron-monitor | $python $monitor --namespace $METRICS_NAMESPACE --region $AWS_REGION'
 Restart=always
 RestartSec=30
 
@@ -280,7 +653,7 @@ WantedBy=multi-user.target"
     systemctl daemon-reload
     systemctl enable trainium-neuron-monitor.service
     systemctl restart trainium-neuron-monitor.service
-    log "neuron-monitor publishes to CloudWatch namespace $METRICS_NAMESPACE"
+    log "neuron-monitor publishes to CloudWatch namespace $METRICS_NAMESPACE (through $python)"
   else
     systemctl is-active --quiet trainium-neuron-monitor.service ||
       systemctl start trainium-neuron-monitor.service
@@ -288,13 +661,22 @@ WantedBy=multi-user.target"
   fi
 }
 
+phase_lifecycle() {
+  put_bootstrap_failures 0 || log "warning: could not put BootstrapFailures=0 to $METRICS_NAMESPACE"
+  complete_lifecycle CONTINUE || die "the launch lifecycle hook could not be completed (see above)"
+}
+
 phase_ready() {
+  write_node_env
   printf 'ready %s, bootstrap took %d s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(($(date +%s) - started))" \
     >"$READY_MARKER"
-  log "node ready: $READY_MARKER"
+  log "node ready: $READY_MARKER; node settings in $NODE_ENV"
 }
 
 phase environment phase_environment
+phase identity phase_identity
+phase boot-unit phase_boot_unit
+phase scratch phase_scratch
 phase fsx phase_fsx
 phase neuron phase_neuron
 phase efa phase_efa
@@ -302,4 +684,5 @@ phase python phase_python
 phase workload phase_workload
 phase compile-cache phase_compile_cache
 phase monitoring phase_monitoring
+phase lifecycle phase_lifecycle
 phase ready phase_ready
