@@ -444,6 +444,11 @@ def test_the_workload_venv_sees_the_neuron_venv_and_its_own_packages_first(
     # numpy and torch are the Neuron venv's; transformers is the workload's, installed in the
     # layer, ahead of the Neuron venv's 4.57.1, which stays where it was.
     assert versions == ["2.2.6", "2.9.0+cpu", "5.23.0"]
+    # Its torchrun starts the workers with the workload venv's interpreter.
+    torchrun = (node.root / "workload-venv" / "bin" / "torchrun").read_text().splitlines()
+    assert torchrun[0] == f"#!{layer}"
+    assert "from torch.distributed.run import main" in torchrun
+    assert os.access(node.root / "workload-venv" / "bin" / "torchrun", os.X_OK)
     neuron_site = site_packages(node.root / "neuron-venv")
     assert (neuron_site / "transformers-4.57.1.dist-info").is_dir()
     assert not list(neuron_site.glob("transformers-5*"))
@@ -725,14 +730,11 @@ def test_a_signature_by_another_key_is_refused(
 # ------------------------------------------------------------------------ neuron-monitor
 def test_neuron_monitor_runs_under_an_interpreter_that_has_boto3(node: FakeNode) -> None:
     bootstrap_node(node)
+    unit_file = node.root / "systemd" / "trainium-neuron-monitor.service"
     result = run_bootstrap(node)
     assert result.returncode == 0, output(result)
-    unit = (node.root / "systemd" / "trainium-neuron-monitor.service").read_text()
-    assert f"neuron-monitor | {node.root}/neuron-venv/bin/python " in unit
-
-
-def test_neuron_monitor_falls_back_to_a_system_python_with_boto3(node: FakeNode) -> None:
-    bootstrap_node(node)
+    assert f"neuron-monitor | {node.root}/neuron-venv/bin/python " in unit_file.read_text()
+    # A Neuron venv without boto3: the system python that has it.
     shutil.rmtree(site_packages(node.root / "neuron-venv") / "boto3")
     system = tool(
         node.root / "system",
@@ -741,8 +743,8 @@ def test_neuron_monitor_falls_back_to_a_system_python_with_boto3(node: FakeNode)
     )
     result = run_bootstrap(node, TRAINIUM_SYSTEM_PYTHON=str(system))
     assert result.returncode == 0, output(result)
-    unit = (node.root / "systemd" / "trainium-neuron-monitor.service").read_text()
-    assert f"neuron-monitor | {system} " in unit
+    assert f"neuron-monitor | {system} " in unit_file.read_text()
+    assert "systemctl restart trainium-neuron-monitor.service" in node.calls()
 
 
 def test_neuron_monitor_without_boto3_anywhere_fails_in_one_line(node: FakeNode) -> None:

@@ -30,8 +30,8 @@
 # /etc/trainium-cluster/node.env (beside cluster.env), rewritten on every boot, holds
 # INSTANCE_ID, AMI_ID, LAUNCH_TEMPLATE_VERSION, AUTO_SCALING_GROUP_NAME, SOFTWARE_VERSION,
 # BOOT_ID and, where they apply, SCRATCH and TMPDIR (instance store) and WORKLOAD_PYTHON (the
-# workload venv's interpreter: run the job with it, e.g. `$WORKLOAD_PYTHON -m
-# torch.distributed.run`, since the Neuron venv's own torchrun does not see the layer).
+# workload venv's interpreter; its bin/ has a torchrun that runs under it: put that bin/ on
+# PATH before the Neuron venv's, whose own torchrun does not see the workload venv).
 #
 # With INTERNET_EGRESS=endpoints nothing is installed from the internet: anything missing
 # fails the run at once with one line that names it. Wheels in WORKLOAD_DIR/wheels (or
@@ -488,6 +488,17 @@ make_workload_venv() {
   done < <("$neuron_python" -c 'import sysconfig
 for d in dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]): print(d)')
   install_if_changed "$own/trainium-neuron-venv.pth" "${lines%$'\n'}" || true
+  # torchrun (torch's console script) under this interpreter, so that the job's workers, which
+  # torchrun starts with its own interpreter, see the workload venv. Put this bin/ before the
+  # Neuron venv's on PATH: neuronx-cc and neuron_parallel_compile stay the Neuron venv's.
+  install_if_changed "$WORKLOAD_VENV/bin/torchrun" "#!$python
+# Written by trainium-cluster bootstrap.sh: torchrun with the workload venv's interpreter.
+import sys
+
+from torch.distributed.run import main
+
+sys.exit(main())" || true
+  chmod 755 "$WORKLOAD_VENV/bin/torchrun"
 }
 
 phase_python() {
