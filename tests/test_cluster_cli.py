@@ -103,7 +103,6 @@ def test_a_failing_node_is_reported_with_the_tail_of_its_output_and_the_rest_can
     )
     aws.poll(job, nodes, [("Cancelled", -1), ("Failed", 1)])
     aws.log_tail(job, nodes[1], ["step 40 loss 0.52", "RuntimeError: Connection reset by peer"])
-    aws.log_tail(job, nodes[0], ["step 40 loss 0.52"])
     aws.stop_commands([])
 
     with pytest.raises(ClusterError) as error:
@@ -130,7 +129,6 @@ def test_retries_rerun_preflight_and_relaunch_the_same_job_id(aws: FakeAws) -> N
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
     aws.log_tail(job, nodes[0], ["NEURON_RT error: collective timeout"])
-    aws.log_tail(job, nodes[1], ["killed"])
     aws.stop_commands([])
     # Attempt 2: nodes checked again, preflight again, the same job ID again.
     aws.no_refresh()
@@ -159,7 +157,6 @@ def test_retries_give_up_after_max_retries(aws: FakeAws) -> None:
         job = aws.send("RunTraining", nodes, train_parameters(nodes))
         aws.poll(job, nodes, [("Failed", 137), ("Failed", 1)])
         aws.log_tail(job, nodes[0], ["Killed"])
-        aws.log_tail(job, nodes[1], ["peer closed"])
         aws.stop_commands([])
 
     with pytest.raises(
@@ -177,7 +174,6 @@ def test_a_stopped_job_is_not_retried(aws: FakeAws) -> None:
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.poll(job, nodes, [("Failed", 143), ("Failed", 143)])
     aws.log_tail(job, nodes[0], ["stopped"])
-    aws.log_tail(job, nodes[1], ["stopped"])
     other, stop = "00000000-0000-4000-8000-00000000aaaa", "00000000-0000-4000-8000-00000000bbbb"
     aws.stop_commands([
         {"CommandId": other, "Parameters": {"JobId": ["another-job"]}},

@@ -675,8 +675,10 @@ class Cluster:
             self.sleep(self.poll_interval)
         if stream is not None:
             stream.poll()
-        for inv in result.failed:
-            result.tails[inv.node.instance_id] = self.output_tail(inv.command_id, inv)
+        if result.failed and not result.leg_ended:
+            # The summary shows the output of the first node to fail (usually the cause).
+            first = result.failed[0]
+            result.tails[first.node.instance_id] = self.output_tail(first.command_id, first)
         return result
 
     def _statuses(self, command: Sent) -> dict[str, str]:

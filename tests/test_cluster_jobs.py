@@ -1,0 +1,352 @@
+"""Following jobs on the cluster: batches of at most 50 nodes per SendCommand, legs that end
+at their time limit (contract C4), nodes that run different software (contract C3), the end
+of `logs --follow`, and `stop` leaving no command of the job running."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scripts.cluster_lib import ClusterError
+from tests.cluster_support import (
+    OUTPUTS,
+    SOFTWARE,
+    TRAIN_ARGS,
+    FakeAws,
+    Instance,
+    capture,
+    fake_aws,
+    shared_loader,
+    train_parameters,
+)
+
+
+@pytest.fixture(scope="module")
+def loader() -> Any:
+    return shared_loader()
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:
+    yield from fake_aws(monkeypatch, loader)
+
+
+def cancel(aws: FakeAws, command_id: str, instances: list[Instance]) -> None:
+    aws.stubs["ssm"].add_response(
+        "cancel_command",
+        {},
+        {"CommandId": command_id, "InstanceIds": [i["InstanceId"] for i in instances]},
+    )
+
+
+# ------------------------------------------------------------- 64 nodes, 2 commands
+def sixty_four(aws: FakeAws) -> list[Instance]:
+    nodes = aws.launch(64)
+    aws.stack({**OUTPUTS, "NodeCount": "64"})
+    aws.no_refresh()
+    aws.online(nodes)
+    return nodes
+
+
+def test_64_nodes_get_two_commands_of_at_most_50_with_the_whole_host_list(aws: FakeAws) -> None:
+    nodes = sixty_four(aws)
+    parameters = train_parameters(nodes)
+    assert parameters["Hosts"].count(",") == 63
+    first = aws.send("RunTraining", nodes[:50], parameters)
+    second = aws.send("RunTraining", nodes[50:], parameters)
+    aws.poll(first, nodes[:50], ["InProgress"] * 50)
+    aws.poll(second, nodes[50:], ["InProgress"] * 14)
+    aws.all_succeed(first, nodes[:50])
+    aws.all_succeed(second, nodes[50:])
+
+    result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+
+    assert not isinstance(result, str)
+    assert result.ok
+    assert result.command_ids == [first, second]
+    # Every node keeps its rank from the one host list, whichever command it is in.
+    assert [inv.rank for inv in result.invocations] == list(range(64))
+    assert {inv.command_id for inv in result.invocations[50:]} == {second}
+    assert f"RunTraining: commands {first}, {second} sent to 64 nodes" in aws.lines
+    assert "job bert-1 finished on all 64 nodes" in aws.lines
+    aws.verify()
+
+
+def test_a_failure_in_one_batch_cancels_the_running_nodes_of_every_batch(aws: FakeAws) -> None:
+    nodes = sixty_four(aws)
+    parameters = train_parameters(nodes)
+    first = aws.send("RunTraining", nodes[:50], parameters)
+    second = aws.send("RunTraining", nodes[50:], parameters)
+    # Node 60 (in the second command) fails; everything else runs on past the 30 s grace.
+    failed = ["InProgress"] * 10 + [("Failed", 1)] + ["InProgress"] * 3
+    for _ in range(7):
+        aws.poll(first, nodes[:50], ["InProgress"] * 50)
+        aws.poll(second, nodes[50:], failed)
+    cancel(aws, first, nodes[:50])
+    cancel(aws, second, nodes[50:60] + nodes[61:])
+    aws.poll(first, nodes[:50], [("Cancelled", -1)] * 50)
+    aws.poll(
+        second, nodes[50:], [("Cancelled", -1)] * 10 + [("Failed", 1)] + [("Cancelled", -1)] * 3
+    )
+    aws.log_tail(second, nodes[60], ["RuntimeError: EFA endpoint closed"])
+    aws.stop_commands([])
+
+    with pytest.raises(ClusterError) as error:
+        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+
+    first_line = str(error.value).splitlines()[0]
+    assert first_line.startswith(
+        f"job bert-1 failed: RunTraining failed on node 60 ({nodes[60]['PrivateIpAddress']}, "
+        f"{nodes[60]['InstanceId']}): Failed (exit status 1), command {second}; also ended on "
+    )
+    assert first_line.endswith(" and 55 more")
+    assert str(error.value).splitlines()[-1] == "RuntimeError: EFA endpoint closed"
+    aws.verify()
+
+
+def test_a_batch_that_cannot_be_sent_cancels_the_batches_already_sent(aws: FakeAws) -> None:
+    nodes = sixty_four(aws)
+    first = aws.send("RunTraining", nodes[:50], train_parameters(nodes))
+    aws.stubs["ssm"].add_client_error(
+        "send_command", service_error_code="InvalidInstanceId",
+        service_message="Instances not in a valid state", http_status_code=400,
+    )  # fmt: skip
+    aws.stubs["ssm"].add_response("cancel_command", {}, {"CommandId": first, "InstanceIds": [
+        i["InstanceId"] for i in nodes[:50]
+    ]})  # fmt: skip
+
+    with pytest.raises(
+        ClusterError, match=r"^sending RunTraining failed: InvalidInstanceId: Instances not in"
+    ):
+        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    aws.verify()
+    assert any(line.startswith(f"cancelling command {first} on 50 nodes") for line in aws.lines)
+
+
+# ---------------------------------------------------------------------- legs (C4)
+def test_a_leg_that_reaches_its_time_limit_continues_without_spending_a_retry(
+    aws: FakeAws,
+) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.no_refresh()
+    aws.online(nodes)
+    aws.preflight_passes(nodes)
+    leg1 = aws.send("RunTraining", nodes, train_parameters(nodes))
+    # Node 0 ended its leg (75) first; node 1 is still saving for longer than the 30 s
+    # failure grace, and is not cancelled: a leg's end is not a failure.
+    for _ in range(9):
+        aws.poll(leg1, nodes, [("Failed", 75), "InProgress"])
+    aws.poll(leg1, nodes, [("Failed", 75), ("Failed", 75)])
+    aws.stop_commands([])
+    # Leg 2: nodes, preflight and the same job ID again, which resumes.
+    aws.no_refresh()
+    aws.online(nodes)
+    aws.preflight_passes(nodes)
+    aws.all_succeed(aws.send("RunTraining", nodes, train_parameters(nodes)), nodes)
+
+    result = aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=0, retry_delay=60, stream=False)
+
+    assert not isinstance(result, str)
+    assert result.ok
+    aws.verify()
+    assert (
+        "job bert-1: leg 1 reached its time limit and saved a checkpoint; starting leg 2, which "
+        "resumes from it (not counted as a retry)"
+    ) in aws.lines
+    assert (
+        f"job bert-1: leg 2, attempt 1 of 1 on 2 nodes, master {nodes[0]['PrivateIpAddress']}"
+        in (aws.lines)
+    )
+    assert 60 not in aws.time.slept  # no retry delay
+    assert not any("cancelling" in line for line in aws.lines)
+
+
+def test_a_leg_end_mixed_with_a_real_failure_is_a_failure(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.no_refresh()
+    aws.online(nodes)
+    job = aws.send("RunTraining", nodes, train_parameters(nodes))
+    aws.poll(job, nodes, [("Failed", 75), ("Failed", 1)])
+    aws.log_tail(job, nodes[0], ["leg time limit reached"])
+    aws.stop_commands([])
+
+    with pytest.raises(ClusterError, match=r"^job bert-1 failed: RunTraining failed on node 0"):
+        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    aws.verify()
+
+
+def test_a_stopped_job_whose_nodes_end_with_75_is_not_continued(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.no_refresh()
+    aws.online(nodes)
+    job = aws.send("RunTraining", nodes, train_parameters(nodes))
+    aws.poll(job, nodes, [("Failed", 75), ("Failed", 75)])
+    stop = "00000000-0000-4000-8000-00000000bbbb"
+    aws.stop_commands([{"CommandId": stop, "Parameters": {"JobId": ["bert-1"]}}])
+
+    with pytest.raises(
+        ClusterError, match=rf"job bert-1 was stopped \(StopTraining command {stop}"
+    ):
+        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    aws.verify()
+
+
+# ------------------------------------------------------------ node software (C3)
+def test_preflight_reports_the_software_every_node_runs(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.online(nodes)
+    aws.preflight_passes(nodes, ["checks passed\n" + SOFTWARE + "\n", SOFTWARE])
+    assert aws.cluster().preflight().ok
+    aws.verify()
+    assert (
+        "software: version=0123456789abcdef launch-template-version=3 ami=ami-12c6146b on all "
+        "2 nodes"
+    ) in aws.lines
+
+
+def test_nodes_that_run_different_software_are_refused_in_one_line(aws: FakeAws) -> None:
+    nodes = aws.launch(3)
+    aws.stack({**OUTPUTS, "NodeCount": "3"})
+    aws.no_refresh()
+    aws.online(nodes)
+    newer = SOFTWARE.replace("version=0123456789abcdef", "version=fedcba9876543210").replace(
+        "launch-template-version=3", "launch-template-version=4"
+    )
+    aws.preflight_passes(nodes, [SOFTWARE, newer, SOFTWARE])
+
+    with pytest.raises(ClusterError) as error:
+        aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=3, stream=False)
+
+    message = str(error.value)
+    assert "\n" not in message
+    assert message == (
+        "the nodes run different software: 2 nodes run version=0123456789abcdef "
+        "launch-template-version=3 ami=ami-12c6146b; "
+        f"node 1 ({nodes[1]['PrivateIpAddress']}, {nodes[1]['InstanceId']}) runs "
+        "version=fedcba9876543210 launch-template-version=4 ami=ami-12c6146b: roll the fleet so "
+        "that every node runs the group's current launch template (`cluster.py roll`, see the "
+        "README)"
+    )
+    aws.verify()  # and no RunTraining was sent
+
+
+def test_a_node_without_the_software_line_is_looked_up_in_its_log_and_named(
+    aws: FakeAws,
+) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.online(nodes)
+    check = aws.preflight_passes(nodes, [SOFTWARE, "checks passed"])
+    aws.stubs["logs"].add_response(
+        "filter_log_events",
+        {"events": []},
+        {"logGroupName": OUTPUTS["TrainingLogGroupName"],
+         "logStreamNamePrefix": f"{check}/{nodes[1]['InstanceId']}/",
+         "filterPattern": '"node-software:"'},
+    )  # fmt: skip
+    with pytest.raises(ClusterError, match=r"node 1 \(.*\) runs no node-software line: roll"):
+        aws.cluster().preflight()
+    aws.verify()
+
+
+# ------------------------------------------------------------------ logs --follow
+def test_logs_follow_ends_when_the_command_ends(aws: FakeAws) -> None:
+    from scripts import cluster as cli
+
+    nodes = aws.launch(1)
+    aws.stack({**OUTPUTS, "NodeCount": "1"})
+    command = "00000000-0000-4000-8000-000000000042"
+    stream = f"{command}/{nodes[0]['InstanceId']}/RunTraining/stdout"
+    group = OUTPUTS["TrainingLogGroupName"]
+    prefix = {"logGroupName": group, "logStreamNamePrefix": f"{command}/"}
+
+    def events(message: str, token: str, **expected: Any) -> None:
+        aws.stubs["logs"].add_response("describe_log_streams", {
+            "logStreams": [{"logStreamName": stream}]}, prefix)  # fmt: skip
+        aws.stubs["logs"].add_response(
+            "get_log_events",
+            {"events": [{"timestamp": 0, "message": message}] if message else [],
+             "nextForwardToken": token},
+            {"logGroupName": group, "logStreamName": stream, **expected},
+        )  # fmt: skip
+
+    def status(value: str) -> None:
+        aws.stubs["ssm"].add_response(
+            "list_commands", {"Commands": [{"CommandId": command, "Status": value}]},
+            {"CommandId": command},
+        )  # fmt: skip
+
+    events("step 10", "t1", startFromHead=False, limit=100)
+    status("InProgress")
+    events("step 20", "t2", startFromHead=True, nextToken="t1")
+    status("Success")
+    events("summary", "t3", startFromHead=True, nextToken="t2")
+    args = argparse.Namespace(
+        job_id=None, command_id=command, node=None, lines=100, follow=True, poll_interval=5
+    )
+    printed, restore = capture(cli)
+    try:
+        assert cli.cmd_logs(aws.cluster(), args) == 0
+    finally:
+        restore()
+    aws.verify()
+    iid = nodes[0]["InstanceId"]
+    assert printed == [
+        f"{iid} 00:00:00 step 10",
+        f"{iid} 00:00:00 step 20",
+        f"{iid} 00:00:00 summary",
+        f"command ended: {command} Success",
+    ]
+
+
+def test_logs_of_a_job_cover_every_batch_of_its_latest_attempt(aws: FakeAws) -> None:
+    aws.stack()
+    first, second, older = (f"00000000-0000-4000-8000-00000000000{n}" for n in (1, 2, 3))
+    from datetime import UTC, datetime
+
+    aws.stubs["ssm"].add_response(
+        "list_commands",
+        {"Commands": [
+            {"CommandId": older, "Comment": "bert-1 attempt 1 part 1/2",
+             "RequestedDateTime": datetime(2026, 5, 1, tzinfo=UTC),
+             "Parameters": {"JobId": ["bert-1"]}},
+            {"CommandId": first, "Comment": "bert-1 attempt 2 part 1/2",
+             "RequestedDateTime": datetime(2026, 5, 2, tzinfo=UTC),
+             "Parameters": {"JobId": ["bert-1"]}},
+            {"CommandId": second, "Comment": "bert-1 attempt 2 part 2/2",
+             "RequestedDateTime": datetime(2026, 5, 2, tzinfo=UTC),
+             "Parameters": {"JobId": ["bert-1"]}},
+        ]},
+        {"Filters": [{"key": "DocumentName", "value": OUTPUTS["RunTrainingDocumentName"]}]},
+    )  # fmt: skip
+    assert aws.cluster().latest_commands("bert-1") == [first, second]
+
+
+# ------------------------------------------------------------------------- stop
+def test_stop_cancels_the_jobs_commands_that_ssm_still_runs(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.online(nodes)
+    aws.all_succeed(aws.send("StopTraining", nodes, {"JobId": "bert-1"}), nodes)
+    running = "00000000-0000-4000-8000-0000000000aa"
+    aws.running_commands(
+        [
+            {"CommandId": running, "Status": "InProgress", "Parameters": {"JobId": ["bert-1"]}},
+            {"CommandId": running[:-1] + "b", "Status": "InProgress",
+             "Parameters": {"JobId": ["other"]}},
+            {"CommandId": running[:-1] + "c", "Status": "Success",
+             "Parameters": {"JobId": ["bert-1"]}},
+        ],
+        [],
+    )  # fmt: skip
+    aws.stubs["ssm"].add_response("cancel_command", {}, {"CommandId": running})
+    assert aws.cluster().stop("bert-1").ok
+    aws.verify()
+    assert f"cancelling RunTraining command {running} of job bert-1" in aws.lines
