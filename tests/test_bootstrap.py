@@ -351,7 +351,7 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
     # Every boot: the oneshot unit after network-online.target, the markers cleared at boot.
     unit = (node.root / "systemd" / "trainium-bootstrap.service").read_text()
     assert "Type=oneshot" in unit
-    assert "Wants=network-online.target\nAfter=network-online.target" in unit
+    assert "Wants=network-online.target\nAfter=network-online.target remote-fs.target" in unit
     assert f"ExecStart=/bin/bash {NODE}/bootstrap.sh --env-file {node.env_file}\n" in unit
     assert "systemctl enable trainium-bootstrap.service" in calls
     assert not [c for c in calls if "start trainium-bootstrap" in c]
@@ -811,7 +811,9 @@ def test_a_lifecycle_hook_that_cannot_be_completed_fails_the_bootstrap(node: Fak
         "(AccessDenied)" in result.stdout
     )
     assert not (node.state / "ready").exists()
-    assert (node.state / "failed").exists()
+    assert (node.state / "failed").read_text().split(" ", 1)[1] == (
+        f"could not complete lifecycle hook trainium-launch with CONTINUE: {denied}\n"
+    )
 
 
 def test_bootstrap_needs_its_settings(node: FakeNode) -> None:
@@ -927,3 +929,23 @@ def test_requirements_diff_reads_the_first_installed_copy_as_python_imports_it(
         env={"PYTHONPATH": f"{first}:{second}"}, check=True,
     )  # fmt: skip
     assert result.stdout == ""
+
+
+def test_identity_comes_from_the_instance_tags_when_the_metadata_has_them(
+    node: FakeNode,
+) -> None:
+    bootstrap_node(node)
+    tags = node.root / "imds" / "tags" / "instance"
+    tags.mkdir(parents=True)
+    (tags / "aws:autoscaling:groupName").write_text("tagged-group")
+    (tags / "aws:ec2launchtemplate:version").write_text("12")
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    env = node_env(node)
+    assert (env["AUTO_SCALING_GROUP_NAME"], env["LAUNCH_TEMPLATE_VERSION"]) == (
+        "tagged-group",
+        "12",
+    )
+    aws = [c for c in node.calls() if c.startswith("aws ")]
+    assert not [c for c in aws if "describe-auto-scaling-instances" in c]
+    assert any("--auto-scaling-group-name tagged-group" in c for c in aws)

@@ -76,6 +76,8 @@ NEURON_PACKAGES="torch,torch-xla,torch-neuronx,neuronx-cc,libneuronxla,torchvisi
 NODE_ENV=""
 INSTANCE_ID=""
 ASG_NAME=""
+TEMPLATE_VERSION=""
+LIFECYCLE_ERROR=""
 declare -A NODE_VALUES=()
 
 # Leaves the reason of a failed run where preflight (and an operator) will find it, and tells
@@ -182,7 +184,7 @@ complete_lifecycle() {
   elif [[ $out == *"No active Lifecycle Action"* ]]; then
     log "no pending launch lifecycle action (a later boot): $result not needed"
   else
-    log "error: could not complete lifecycle hook $LIFECYCLE_HOOK_NAME with $result: $(head -n 1 <<<"$out")"
+    LIFECYCLE_ERROR="could not complete lifecycle hook $LIFECYCLE_HOOK_NAME with $result: $(head -n 1 <<<"$out")"
     return 1
   fi
 }
@@ -203,7 +205,8 @@ report_failure() {
   else
     log "warning: could not put BootstrapFailures=1 to $METRICS_NAMESPACE"
   fi
-  complete_lifecycle ABANDON || true
+  [[ -n $ASG_NAME || -z $INSTANCE_ID ]] || find_group 2>/dev/null || true
+  complete_lifecycle ABANDON || log "warning: $LIFECYCLE_ERROR"
 }
 
 phase_environment() {
@@ -224,26 +227,33 @@ phase_environment() {
   log "cluster $CLUSTER_NAME: $NODE_COUNT x $INSTANCE_TYPE in $AWS_REGION, egress $INTERNET_EGRESS"
 }
 
-phase_identity() {
+# Sets ASG_NAME and TEMPLATE_VERSION (empty when the instance is in no group): from the
+# instance tags EC2 and Auto Scaling set, which the metadata has when the launch template
+# allows it, else from autoscaling:DescribeAutoScalingInstances. Never from user data, which
+# cannot name the group that launches it.
+find_group() {
   local out name version
+  ASG_NAME=$(imds tags/instance/aws:autoscaling:groupName 2>/dev/null) || ASG_NAME=""
+  TEMPLATE_VERSION=$(imds tags/instance/aws:ec2launchtemplate:version 2>/dev/null) || TEMPLATE_VERSION=""
+  [[ -z $ASG_NAME || -z $TEMPLATE_VERSION ]] || return 0
+  out=$(aws_cli autoscaling describe-auto-scaling-instances --instance-ids "$INSTANCE_ID" \
+    --query 'AutoScalingInstances[0].[AutoScalingGroupName,LaunchTemplate.Version]' --output text 2>&1) ||
+    die "aws autoscaling describe-auto-scaling-instances failed: $(head -n 1 <<<"$out")"
+  read -r name version <<<"$out"
+  [[ $name != None ]] || name=""
+  [[ $version != None ]] || version=""
+  ASG_NAME=${ASG_NAME:-$name}
+  TEMPLATE_VERSION=${TEMPLATE_VERSION:-$version}
+}
+
+phase_identity() {
   INSTANCE_ID=$(imds instance-id) ||
     die "instance metadata (IMDSv2 at $IMDS) did not answer: bootstrap runs on a cluster node"
   NODE_VALUES[INSTANCE_ID]=$INSTANCE_ID
   NODE_VALUES[AMI_ID]=$(imds ami-id) || die "instance metadata has no ami-id"
-  # Instance tags are in the metadata only when the launch template allows it.
-  ASG_NAME=$(imds tags/instance/aws:autoscaling:groupName 2>/dev/null) || ASG_NAME=""
-  version=$(imds tags/instance/aws:ec2launchtemplate:version 2>/dev/null) || version=""
-  if [[ -z $ASG_NAME || -z $version ]]; then
-    out=$(aws_cli autoscaling describe-auto-scaling-instances --instance-ids "$INSTANCE_ID" \
-      --query 'AutoScalingInstances[0].[AutoScalingGroupName,LaunchTemplate.Version]' --output text 2>&1) ||
-      die "aws autoscaling describe-auto-scaling-instances failed: $(head -n 1 <<<"$out")"
-    read -r name version <<<"$out"
-    [[ $name == None ]] && name=""
-    [[ $version == None ]] && version=""
-    ASG_NAME=${ASG_NAME:-$name}
-  fi
+  find_group
   NODE_VALUES[AUTO_SCALING_GROUP_NAME]=$ASG_NAME
-  NODE_VALUES[LAUNCH_TEMPLATE_VERSION]=${version:-unknown}
+  NODE_VALUES[LAUNCH_TEMPLATE_VERSION]=${TEMPLATE_VERSION:-unknown}
   NODE_VALUES[SOFTWARE_VERSION]=${SOFTWARE_VERSION:-unknown}
   NODE_VALUES[BOOT_ID]=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)
   write_node_env
@@ -253,11 +263,12 @@ phase_identity() {
 
 phase_boot_unit() {
   local unit rules changed=0
-  # Type=oneshot has no start time-out by default (systemd.service(5)): bound it.
+  # After remote-fs.target: the fstab mount of /fsx has been tried (nofail) before bootstrap
+  # looks at it. Type=oneshot has no start time-out by default (systemd.service(5)): bound it.
   unit="[Unit]
 Description=Trainium cluster node bootstrap (mounts, scratch, software, lifecycle hook)
 Wants=network-online.target
-After=network-online.target
+After=network-online.target remote-fs.target
 
 [Service]
 Type=oneshot
@@ -674,7 +685,7 @@ WantedBy=multi-user.target"
 
 phase_lifecycle() {
   put_bootstrap_failures 0 || log "warning: could not put BootstrapFailures=0 to $METRICS_NAMESPACE"
-  complete_lifecycle CONTINUE || die "the launch lifecycle hook could not be completed (see above)"
+  complete_lifecycle CONTINUE || die "$LIFECYCLE_ERROR"
 }
 
 phase_ready() {
