@@ -83,6 +83,10 @@ FAKE_AWS = """#!/usr/bin/env bash
 echo "aws $*" >> "$FAKE_DIR/calls.log"
 case "$*" in
   *describe-auto-scaling-instances*)
+    if [[ -n ${FAKE_DESCRIBE_ERROR:-} ]]; then
+      echo "$FAKE_DESCRIBE_ERROR" >&2
+      exit 254
+    fi
     printf '%s\\t%s\\n' "${FAKE_ASG:-None}" "${FAKE_LT_VERSION:-None}" ;;
   *complete-lifecycle-action*)
     if [[ -n ${FAKE_LIFECYCLE_ERROR:-} ]]; then
@@ -949,3 +953,22 @@ def test_identity_comes_from_the_instance_tags_when_the_metadata_has_them(
     aws = [c for c in node.calls() if c.startswith("aws ")]
     assert not [c for c in aws if "describe-auto-scaling-instances" in c]
     assert any("--auto-scaling-group-name tagged-group" in c for c in aws)
+
+
+def test_a_group_that_cannot_be_found_fails_in_one_line_and_is_reported(node: FakeNode) -> None:
+    bootstrap_node(node)
+    denied = (
+        "An error occurred (AccessDenied) when calling the DescribeAutoScalingInstances "
+        "operation: not authorized"
+    )
+    result = run_bootstrap(node, FAKE_DESCRIBE_ERROR=denied)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"aws autoscaling describe-auto-scaling-instances failed: {denied}"
+    ]
+    assert "phase identity: start" in result.stdout
+    aws = [c for c in node.calls() if c.startswith("aws ")]
+    assert any("--metric-name BootstrapFailures" in c and c.endswith("--value 1") for c in aws)
+    assert "Auto Scaling group is unknown: lifecycle hook trainium-launch not completed" in (
+        result.stdout
+    )

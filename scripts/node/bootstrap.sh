@@ -77,6 +77,7 @@ NODE_ENV=""
 INSTANCE_ID=""
 ASG_NAME=""
 TEMPLATE_VERSION=""
+GROUP_ERROR=""
 LIFECYCLE_ERROR=""
 declare -A NODE_VALUES=()
 
@@ -205,7 +206,7 @@ report_failure() {
   else
     log "warning: could not put BootstrapFailures=1 to $METRICS_NAMESPACE"
   fi
-  [[ -n $ASG_NAME || -z $INSTANCE_ID ]] || find_group 2>/dev/null || true
+  [[ -n $ASG_NAME || -z $INSTANCE_ID ]] || find_group || true
   complete_lifecycle ABANDON || log "warning: $LIFECYCLE_ERROR"
 }
 
@@ -236,9 +237,11 @@ find_group() {
   ASG_NAME=$(imds tags/instance/aws:autoscaling:groupName 2>/dev/null) || ASG_NAME=""
   TEMPLATE_VERSION=$(imds tags/instance/aws:ec2launchtemplate:version 2>/dev/null) || TEMPLATE_VERSION=""
   [[ -z $ASG_NAME || -z $TEMPLATE_VERSION ]] || return 0
-  out=$(aws_cli autoscaling describe-auto-scaling-instances --instance-ids "$INSTANCE_ID" \
-    --query 'AutoScalingInstances[0].[AutoScalingGroupName,LaunchTemplate.Version]' --output text 2>&1) ||
-    die "aws autoscaling describe-auto-scaling-instances failed: $(head -n 1 <<<"$out")"
+  if ! out=$(aws_cli autoscaling describe-auto-scaling-instances --instance-ids "$INSTANCE_ID" \
+    --query 'AutoScalingInstances[0].[AutoScalingGroupName,LaunchTemplate.Version]' --output text 2>&1); then
+    GROUP_ERROR="aws autoscaling describe-auto-scaling-instances failed: $(head -n 1 <<<"$out")"
+    return 1
+  fi
   read -r name version <<<"$out"
   [[ $name != None ]] || name=""
   [[ $version != None ]] || version=""
@@ -251,7 +254,7 @@ phase_identity() {
     die "instance metadata (IMDSv2 at $IMDS) did not answer: bootstrap runs on a cluster node"
   NODE_VALUES[INSTANCE_ID]=$INSTANCE_ID
   NODE_VALUES[AMI_ID]=$(imds ami-id) || die "instance metadata has no ami-id"
-  find_group
+  find_group || die "$GROUP_ERROR"
   NODE_VALUES[AUTO_SCALING_GROUP_NAME]=$ASG_NAME
   NODE_VALUES[LAUNCH_TEMPLATE_VERSION]=${TEMPLATE_VERSION:-unknown}
   NODE_VALUES[SOFTWARE_VERSION]=${SOFTWARE_VERSION:-unknown}
