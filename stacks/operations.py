@@ -276,14 +276,29 @@ class OperationsStack(cdk.Stack):
                 self,
                 "NodesMissingAlarm",
                 alarm_description=(
-                    f"Fewer than {config.node_count} nodes in service for 15 minutes: a node "
-                    "failed and its replacement has not come up (capacity?)."
+                    "Fewer nodes in service than the group wants for 15 minutes: a node failed "
+                    "(or its bootstrap did) and its replacement has not come up (capacity?). "
+                    "Compared with the desired capacity, not node_count: a Capacity Block's "
+                    "group is empty outside the block."
                 ),
-                metric=self._asg_metric(
-                    "AWS/AutoScaling", "GroupInServiceInstances", "Minimum", "Nodes in service"
+                metric=cloudwatch.MathExpression(
+                    expression="desired - inService",
+                    using_metrics={
+                        "desired": self._asg_metric(
+                            "AWS/AutoScaling", "GroupDesiredCapacity", "Maximum", "Desired"
+                        ),
+                        "inService": self._asg_metric(
+                            "AWS/AutoScaling",
+                            "GroupInServiceInstances",
+                            "Minimum",
+                            "Nodes in service",
+                        ),
+                    },
+                    label="Nodes missing",
+                    period=FIVE_MINUTES,
                 ),
-                threshold=config.node_count,
-                comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                threshold=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 evaluation_periods=3,
                 treat_missing_data=cloudwatch.TreatMissingData.MISSING,
             ),

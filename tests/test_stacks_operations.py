@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -163,14 +164,48 @@ def test_alarms_notify_the_topic(default: Synth) -> None:
     for alarm in alarms.values():
         props = alarm["Properties"]
         # An alarm on a labelled metric is rendered as a one-query metric math alarm.
-        metric = props["Metrics"][0]["MetricStat"]["Metric"] if "Metrics" in props else props
-        metrics[metric["MetricName"]] = (props, metric)
+        for query in props.get("Metrics", [props]):
+            metric = query["MetricStat"]["Metric"] if "MetricStat" in query else query
+            if "MetricName" in metric:
+                metrics[metric["MetricName"]] = (props, metric)
     props, metric = metrics["GroupInServiceInstances"]
-    assert props["Threshold"] == 2
-    assert props["ComparisonOperator"] == "LessThanThreshold"
     assert metric["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "trainium-workers"}]
-    assert set(metrics) == {"GroupInServiceInstances", "StatusCheckFailed",
-                            "FreeDataStorageCapacity", "BootstrapFailures"}  # fmt: skip
+    assert set(metrics) == {"GroupInServiceInstances", "GroupDesiredCapacity",
+                            "StatusCheckFailed", "FreeDataStorageCapacity",
+                            "BootstrapFailures"}  # fmt: skip
+
+
+def _nodes_missing_alarm_fires(props: dict[str, Any], desired: float, in_service: float) -> bool:
+    """Evaluates the alarm's metric math expression for one data point."""
+    queries = {q["Id"]: q for q in props["Metrics"]}
+    (expression,) = [q for q in props["Metrics"] if q.get("ReturnData", True) and "Expression" in q]
+    values = {}
+    for query_id, query in queries.items():
+        if "MetricStat" in query:
+            name = query["MetricStat"]["Metric"]["MetricName"]
+            values[query_id] = {
+                "GroupDesiredCapacity": desired,
+                "GroupInServiceInstances": in_service,
+            }[name]
+    # The expression is one subtraction of two queries (metric math "a - b").
+    left, right = expression["Expression"].split(" - ")
+    value = values[left] - values[right]
+    assert props["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    return bool(value >= props["Threshold"])
+
+
+@pytest.mark.parametrize("which", ["default", "capacity-block"])
+def test_nodes_missing_alarm_follows_the_desired_capacity(which: str) -> None:
+    """A Capacity Block's group is empty outside the block: no alarm then. A node short of
+    what the group wants alarms in every mode."""
+    synthesized = synth() if which == "default" else alternative()
+    alarms = resources(synthesized.templates["operations"], "AWS::CloudWatch::Alarm")
+    (props,) = [a["Properties"] for a in alarms.values() if "GroupDesiredCapacity" in json.dumps(a)]
+    nodes = synthesized.config.node_count
+    assert not _nodes_missing_alarm_fires(props, desired=0, in_service=0)
+    assert not _nodes_missing_alarm_fires(props, desired=nodes, in_service=nodes)
+    assert _nodes_missing_alarm_fires(props, desired=nodes, in_service=nodes - 1)
+    assert props["EvaluationPeriods"] == 3
 
 
 def test_dashboard_shows_neuroncores_cpu_network_and_fsx(default: Synth) -> None:
