@@ -4,7 +4,7 @@ templates), botocore Stubbers for CloudFormation, SSM, CloudWatch Logs, Auto Sca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -153,7 +153,7 @@ class FakeAws:
         return command_id
 
     def poll(
-        self, command_id: str, instances: list[Instance], statuses: list[Status],
+        self, command_id: str, instances: list[Instance], statuses: Sequence[Status],
         stdout: str | list[str] = "",
     ) -> None:  # fmt: skip
         """One poll of a command: ListCommandInvocations for all its instances, then

@@ -110,11 +110,8 @@ TRANSIENT_ERROR_CODES = {
 MAX_INSTANCES_PER_COMMAND = 50
 #: Every client retries throttling, 5xx and connection errors itself, with client-side rate
 #: limiting ("adaptive" mode, botocore's Config retries), and gives up on a hung connection.
-CLIENT_CONFIG = Config(
-    retries={"mode": "adaptive", "max_attempts": 10},
-    connect_timeout=10,
-    read_timeout=60,
-)
+RETRIES = {"mode": "adaptive", "max_attempts": 10}
+TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60}
 #: Seconds of transient AWS errors a command's follower rides out before giving up.
 DEFAULT_GIVE_UP_AFTER = 1800.0
 #: preflight.sh exits with this status when a node has a Neuron hardware fault.
@@ -212,11 +209,12 @@ class Clients:
 
     @classmethod
     def from_session(cls, session: Any) -> Clients:
-        """The one place the CLI's clients are built, each with CLIENT_CONFIG."""
+        """The one place the CLI's clients are built, each with RETRIES and TIMEOUTS."""
         with aws_errors("creating AWS clients"):
             return cls(
                 **{
-                    name: session.client(name, config=CLIENT_CONFIG)
+                    # A Config each: botocore rewrites the retries dict of the one it gets.
+                    name: session.client(name, config=Config(retries=dict(RETRIES), **TIMEOUTS))
                     for name in ("cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx")
                 }
             )
