@@ -372,6 +372,7 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
         "SOFTWARE_VERSION": "0123456789abcdef",
         "SCRATCH": f"{node.root}/scratch",
         "TMPDIR": f"{node.root}/scratch/tmp",
+        "WORKLOAD_VENV": f"{node.root}/workload-venv",
         "WORKLOAD_PYTHON": f"{node.root}/workload-venv/bin/python",
     }
     # The lifecycle hook and the metric.
@@ -972,3 +973,16 @@ def test_a_group_that_cannot_be_found_fails_in_one_line_and_is_reported(node: Fa
     assert "Auto Scaling group is unknown: lifecycle hook trainium-launch not completed" in (
         result.stdout
     )
+
+
+def test_the_last_boots_node_env_does_not_leak_into_bootstrap(node: FakeNode) -> None:
+    bootstrap_node(node, instance_store=0)
+    (node.root / "node.env").write_text(
+        f"SOFTWARE_VERSION=ffffffffffffffff\nTMPDIR={node.root}/gone/tmp\nSCRATCH=/gone\n"
+    )
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    env = node_env(node)
+    assert env["SOFTWARE_VERSION"] == "0123456789abcdef"
+    assert "TMPDIR" not in env
+    assert "SCRATCH" not in env

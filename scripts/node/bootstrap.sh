@@ -29,9 +29,10 @@
 #
 # /etc/trainium-cluster/node.env (beside cluster.env), rewritten on every boot, holds
 # INSTANCE_ID, AMI_ID, LAUNCH_TEMPLATE_VERSION, AUTO_SCALING_GROUP_NAME, SOFTWARE_VERSION,
-# BOOT_ID and, where they apply, SCRATCH and TMPDIR (instance store) and WORKLOAD_PYTHON (the
-# workload venv's interpreter; its bin/ has a torchrun that runs under it: put that bin/ on
-# PATH before the Neuron venv's, whose own torchrun does not see the workload venv).
+# BOOT_ID and, where they apply, SCRATCH and TMPDIR (instance store) and WORKLOAD_VENV and
+# WORKLOAD_PYTHON (the workload venv and its interpreter; its bin/ has a torchrun that runs
+# under it: put that bin/ on PATH before the Neuron venv's, whose own torchrun does not see
+# the workload venv).
 #
 # With INTERNET_EGRESS=endpoints nothing is installed from the internet: anything missing
 # fails the run at once with one line that names it. Wheels in WORKLOAD_DIR/wheels (or
@@ -73,7 +74,6 @@ FAILED_MARKER="$STATE_DIR/failed"
 # Packages the Neuron venv ships; installing PyPI builds over them would break it.
 NEURON_PACKAGES="torch,torch-xla,torch-neuronx,neuronx-cc,libneuronxla,torchvision,neuronx-distributed"
 
-NODE_ENV=""
 INSTANCE_ID=""
 ASG_NAME=""
 TEMPLATE_VERSION=""
@@ -104,7 +104,8 @@ while (($#)); do
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
-NODE_ENV="${TRAINIUM_NODE_ENV:-$(dirname "$ENV_FILE")/node.env}"
+# Where launch.sh and preflight.sh read it (lib.sh).
+NODE_ENV="$NODE_ENV_FILE"
 
 mkdir -p "$STATE_DIR" "$LOG_DIR/jobs"
 exec > >(tee -a "$LOG_DIR/bootstrap.log") 2>&1
@@ -157,7 +158,7 @@ write_node_env() {
   {
     echo "# Written by bootstrap.sh on every boot, $(date -u +%Y-%m-%dT%H:%M:%SZ)."
     for key in INSTANCE_ID AMI_ID LAUNCH_TEMPLATE_VERSION AUTO_SCALING_GROUP_NAME SOFTWARE_VERSION \
-      BOOT_ID SCRATCH TMPDIR WORKLOAD_PYTHON; do
+      BOOT_ID SCRATCH TMPDIR WORKLOAD_VENV WORKLOAD_PYTHON; do
       if [[ -n ${NODE_VALUES[$key]:-} ]]; then
         printf '%s=%q\n' "$key" "${NODE_VALUES[$key]}"
       fi
@@ -212,7 +213,9 @@ report_failure() {
 
 phase_environment() {
   [[ -f $ENV_FILE ]] || die "cluster settings $ENV_FILE not found (the instance user data writes it)"
-  load_cluster_env
+  # cluster.env only: node.env is this run's output, and the last boot's (TMPDIR on a scratch
+  # array not yet assembled) must not leak in.
+  NODE_ENV_FILE="" load_cluster_env
   local key missing=()
   for key in CLUSTER_NAME AWS_REGION INSTANCE_TYPE NODE_COUNT FSX_DNS_NAME FSX_MOUNT_NAME \
     FSX_MOUNT_POINT COMPILE_CACHE_URL TRAINING_LOG_GROUP WORKLOAD_DIR NEURON_VENV; do
@@ -524,6 +527,7 @@ phase_python() {
     return 0
   fi
   make_workload_venv "$neuron_python"
+  NODE_VALUES[WORKLOAD_VENV]=$WORKLOAD_VENV
   NODE_VALUES[WORKLOAD_PYTHON]=$python
   constraints="$STATE_DIR/neuron-constraints.txt"
   plan=$("$python" "$NODE_DIR/requirements_diff.py" "$WORKLOAD_DIR/requirements.txt" \
