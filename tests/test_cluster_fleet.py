@@ -1,0 +1,257 @@
+"""Rolling the fleet onto the group's current launch template without interrupting a job, and
+exporting FSx to S3 before a destroy (contract C6)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from scripts.cluster_lib import ClusterError
+from tests.cluster_support import (
+    OUTPUTS,
+    TRAIN_ARGS,
+    FakeAws,
+    capture,
+    fake_aws,
+    shared_loader,
+    train_parameters,
+)
+
+GROUP = OUTPUTS["AutoScalingGroupName"]
+REFRESH = "08b91cf7-8fa6-48af-b6a6-d227f40f1b9b"
+PREFERENCES = {"SkipMatching": True, "MinHealthyPercentage": 0, "MaxHealthyPercentage": 100}
+
+
+@pytest.fixture(scope="module")
+def loader() -> Any:
+    return shared_loader()
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:
+    yield from fake_aws(monkeypatch, loader)
+
+
+# ---------------------------------------------------------------------------- roll
+def start_refresh(aws: FakeAws) -> None:
+    aws.stubs["autoscaling"].add_response(
+        "start_instance_refresh",
+        {"InstanceRefreshId": REFRESH},
+        {"AutoScalingGroupName": GROUP, "Strategy": "Rolling", "Preferences": PREFERENCES},
+    )
+
+
+def refresh_state(aws: FakeAws, status: str, percent: int, reason: str = "") -> None:
+    refresh: dict[str, Any] = {
+        "InstanceRefreshId": REFRESH, "AutoScalingGroupName": GROUP, "Status": status,
+        "PercentageComplete": percent,
+    }  # fmt: skip
+    if reason:
+        refresh["StatusReason"] = reason
+    aws.stubs["autoscaling"].add_response(
+        "describe_instance_refreshes",
+        {"InstanceRefreshes": [refresh]},
+        {"AutoScalingGroupName": GROUP, "InstanceRefreshIds": [REFRESH]},
+    )
+
+
+def test_roll_is_refused_while_a_job_runs(aws: FakeAws) -> None:
+    aws.stack()
+    job = "00000000-0000-4000-8000-000000000001"
+    aws.running_commands(
+        [{"CommandId": job, "Status": "InProgress", "Parameters": {"JobId": ["bert-1"]}}], []
+    )
+    with pytest.raises(ClusterError) as error:
+        aws.cluster().roll()
+    assert str(error.value) == (
+        f"not rolling the fleet while RunTraining of job bert-1 (command {job}) runs: it would "
+        "lose its nodes; wait for it to end, stop it with `cluster.py stop --job-id ID`, or "
+        "pass --force"
+    )
+    aws.verify()  # and no instance refresh was started
+
+
+def test_roll_replaces_the_nodes_that_do_not_match_and_follows_the_refresh(aws: FakeAws) -> None:
+    aws.stack()
+    aws.running_commands(
+        [{"CommandId": "00000000-0000-4000-8000-000000000001", "Status": "Success",
+          "Parameters": {"JobId": ["bert-1"]}}],
+        [],
+    )  # fmt: skip
+    start_refresh(aws)
+    refresh_state(aws, "Pending", 0)
+    refresh_state(aws, "InProgress", 50)
+    refresh_state(aws, "InProgress", 50)
+    refresh_state(aws, "Successful", 100)
+    assert aws.cluster().roll(wait=True) == REFRESH
+    aws.verify()
+    assert aws.lines == [
+        f"instance refresh {REFRESH} of group {GROUP} started",
+        f"instance refresh {REFRESH}: Pending, 0% done",
+        f"instance refresh {REFRESH}: InProgress, 50% done",
+        f"instance refresh {REFRESH}: Successful, 100% done",
+    ]
+
+
+def test_roll_force_interrupts_a_job_only_when_asked(aws: FakeAws) -> None:
+    aws.stack()
+    aws.running_commands(
+        [], [{"CommandId": "00000000-0000-4000-8000-000000000001", "Status": "InProgress",
+              "Parameters": {"JobId": ["bert-1"]}}],
+    )  # fmt: skip
+    start_refresh(aws)
+    assert aws.cluster().roll(force=True) == REFRESH
+    aws.verify()
+    assert aws.lines[0] == "--force: rolling the fleet although 1 commands still run"
+
+
+def test_roll_while_a_refresh_runs_and_a_failed_refresh_get_one_line(aws: FakeAws) -> None:
+    aws.stack()
+    aws.running_commands([], [])
+    aws.stubs["autoscaling"].add_client_error(
+        "start_instance_refresh", service_error_code="InstanceRefreshInProgress",
+        service_message="An Instance Refresh is already in progress", http_status_code=400,
+    )  # fmt: skip
+    cluster = aws.cluster()
+    with pytest.raises(ClusterError, match=rf"^an instance refresh of {GROUP} is already running"):
+        cluster.roll()
+    aws.running_commands([], [])
+    start_refresh(aws)
+    refresh_state(aws, "Failed", 10, "Launching a new instance failed: capacity")
+    with pytest.raises(ClusterError) as error:
+        cluster.roll(wait=True)
+    assert str(error.value) == (
+        f"instance refresh {REFRESH} ended Failed: Launching a new instance failed: capacity"
+    )
+    aws.verify()
+
+
+def test_train_waits_while_an_instance_refresh_replaces_nodes(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.no_refresh(
+        [{"InstanceRefreshId": REFRESH, "Status": "InProgress", "PercentageComplete": 50}]
+    )
+    aws.no_refresh([{"InstanceRefreshId": REFRESH, "Status": "Successful"}])
+    aws.online(nodes)
+    aws.all_succeed(aws.send("RunTraining", nodes, train_parameters(nodes)), nodes)
+
+    result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+
+    assert not isinstance(result, str)
+    assert result.ok
+    aws.verify()
+    assert aws.lines[0] == (
+        f"waiting: instance refresh {REFRESH} of group {GROUP} is replacing nodes (InProgress, "
+        "50% done): wait for it (`cluster.py roll --wait`)"
+    )
+
+
+# -------------------------------------------------------------------------- export
+TASK = "task-0123456789abcdef0"
+FS = OUTPUTS["FileSystemId"]
+
+
+def create_task(aws: FakeAws, paths: list[str] | None = None) -> None:
+    expected: dict[str, Any] = {
+        "Type": "EXPORT_TO_REPOSITORY", "FileSystemId": FS, "Report": {"Enabled": False},
+    }  # fmt: skip
+    if paths is not None:
+        expected["Paths"] = paths
+    aws.stubs["fsx"].add_response(
+        "create_data_repository_task",
+        {"DataRepositoryTask": task_body("PENDING")},
+        expected,
+    )
+
+
+def task_body(lifecycle: str, done: int = 0, total: int = 0, failed: int = 0) -> dict[str, Any]:
+    return {
+        "TaskId": TASK, "Lifecycle": lifecycle, "Type": "EXPORT_TO_REPOSITORY",
+        "CreationTime": datetime(2026, 5, 1, tzinfo=UTC), "FileSystemId": FS,
+        "Status": {"TotalCount": total, "SucceededCount": done, "FailedCount": failed},
+    }  # fmt: skip
+
+
+def task_state(aws: FakeAws, lifecycle: str, done: int = 0, total: int = 0, **extra: Any) -> None:
+    body = {**task_body(lifecycle, done, total, extra.pop("failed", 0)), **extra}
+    aws.stubs["fsx"].add_response(
+        "describe_data_repository_tasks", {"DataRepositoryTasks": [body]}, {"TaskIds": [TASK]}
+    )
+
+
+def test_export_runs_a_task_on_the_association_paths_and_waits_for_it(aws: FakeAws) -> None:
+    import argparse
+
+    from scripts import cluster as cli
+
+    aws.stack({**OUTPUTS, "ExportPaths": "/jobs,/data"})
+    # Relative to the mount point, as CreateDataRepositoryTask wants them.
+    create_task(aws, ["jobs", "data"])
+    task_state(aws, "EXECUTING", 40, 100)
+    task_state(aws, "EXECUTING", 40, 100)
+    task_state(aws, "SUCCEEDED", 100, 100)
+    printed, restore = capture(cli)
+    try:
+        assert cli.cmd_export(aws.cluster(), argparse.Namespace(timeout=600)) == 0
+    finally:
+        restore()
+    aws.verify()
+    assert aws.lines == [
+        f"export task {TASK} started: /jobs, /data of {FS} to S3",
+        f"export task {TASK}: EXECUTING, 40 of 100 files exported, 0 failed",
+        f"export task {TASK}: SUCCEEDED, 100 of 100 files exported, 0 failed",
+    ]
+    assert printed == [
+        f"export task {TASK} succeeded: the files are in S3; the storage stack can be destroyed"
+    ]
+
+
+def test_export_of_the_root_exports_the_whole_file_system(aws: FakeAws) -> None:
+    aws.stack({**OUTPUTS, "ExportPaths": "/"})
+    create_task(aws, None)
+    task_state(aws, "SUCCEEDED", 3, 3)
+    assert aws.cluster().export(timeout=60)["TaskId"] == TASK
+    aws.verify()
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("failed", f"export task {TASK} FAILED: The S3 bucket policy denies PutObject"),
+        ("files", f"export task {TASK} ended with 2 files not exported: check them before"),
+        ("busy", f"another data repository task runs on {FS}: wait for it to end"),
+        ("outputs", "stack trainium-operations lacks the outputs FileSystemId, ExportPaths: "),
+        ("timeout", f"export task {TASK} still runs after 10 s; export task {TASK} goes on: "),
+    ],
+)
+def test_export_failures_get_one_line(aws: FakeAws, setup: str, message: str) -> None:
+    outputs = dict(OUTPUTS)
+    if setup == "outputs":
+        del outputs["FileSystemId"], outputs["ExportPaths"]
+    aws.stack(outputs)
+    if setup == "busy":
+        aws.stubs["fsx"].add_client_error(
+            "create_data_repository_task", service_error_code="DataRepositoryTaskExecuting",
+            service_message="A data repository task is executing", http_status_code=400,
+        )  # fmt: skip
+    elif setup != "outputs":
+        create_task(aws, ["jobs"])
+    if setup == "failed":
+        task_state(
+            aws, "FAILED", 0, 10,
+            FailureDetails={"Message": "The S3 bucket policy denies PutObject"},
+        )  # fmt: skip
+    if setup == "files":
+        task_state(aws, "SUCCEEDED", 8, 10, failed=2)
+    if setup == "timeout":
+        for _ in range(3):
+            task_state(aws, "EXECUTING", 1, 10)
+    with pytest.raises(ClusterError) as error:
+        aws.cluster().export(timeout=10)
+    assert "\n" not in str(error.value)
+    assert str(error.value).startswith(message)
+    aws.verify()
