@@ -10,12 +10,15 @@ is shared with tests/test_launch_scripts.py.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -986,3 +989,82 @@ def test_the_last_boots_node_env_does_not_leak_into_bootstrap(node: FakeNode) ->
     assert env["SOFTWARE_VERSION"] == "0123456789abcdef"
     assert "TMPDIR" not in env
     assert "SCRATCH" not in env
+
+
+# ------------------------------------------------------------- the layer, with real pip
+def build_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A minimal pure-Python wheel: one module with __version__, and its metadata."""
+    module = name.replace("-", "_")
+    info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = []
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(directory / f"{module}-{version}-py3-none-any.whl", "w") as wheel:
+        for path, content in files.items():
+            wheel.writestr(path, content)
+            digest = hashlib.sha256(content.encode()).digest()
+            encoded = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+            record.append(f"{path},sha256={encoded},{len(content)}\n")
+        wheel.writestr(f"{info}/RECORD", "".join(record) + f"{info}/RECORD,,\n")
+
+
+# The Neuron venv's python, with this interpreter's real pip standing in for the venv's.
+REAL_PIP_NEURON_PYTHON = f"""#!/usr/bin/env bash
+if [[ $1 == -m && $2 == pip ]]; then
+  echo "pip ${{*:3}}" >> "$FAKE_DIR/calls.log"
+  # Only ever into another environment: never into the one running these tests.
+  [[ $3 == --python && $4 != {sys.executable} ]] || exit 97
+  exec {sys.executable} -m pip "${{@:3}}"
+fi
+exec "$(dirname "$0")/python-real" "$@"
+"""
+
+
+def test_real_pip_installs_into_the_workload_venv_and_never_into_the_neuron_venv(
+    node: FakeNode,
+) -> None:
+    bootstrap_node(node)
+    venv = node.root / "neuron-venv"
+    shutil.rmtree(venv)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    dlami, shipped = node.root / "dlami-wheels", node.workload / "wheels"
+    build_wheel(dlami, "libneuronxla", "2.2.17544.0", ("numpy>=1.21.6",))
+    build_wheel(dlami, "numpy", "2.2.6")
+    build_wheel(dlami, "transformers", "4.57.1", ("numpy>=1.17",))
+    build_wheel(dlami, "boto3", "1.40.0")
+    build_wheel(shipped, "transformers", "5.23.0", ("numpy>=1.17",))
+    build_wheel(shipped, "numpy", "2.4.6")  # offered, and refused by the constraints
+    pip = [
+        sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+        "--quiet", "--disable-pip-version-check", "--no-index", "--find-links", str(dlami),
+    ]  # fmt: skip
+    subprocess.run(
+        [*pip, "libneuronxla", "transformers==4.57.1", "boto3"], check=True, capture_output=True
+    )
+    (venv / "bin" / "python").rename(venv / "bin" / "python-real")
+    tool(venv / "bin", "python", REAL_PIP_NEURON_PYTHON)
+    (node.workload / "requirements.txt").write_text("transformers==5.23.0\nnumpy==2.4.6\n")
+    node.settings["INTERNET_EGRESS"] = "endpoints"
+    node.write_env()
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    layer = node.root / "workload-venv"
+    probe = "import numpy, transformers; print(transformers.__file__, numpy.__file__)"
+    found = subprocess.run(
+        [str(layer / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert found[0].startswith(f"{layer}/")  # the workload's transformers 5.23.0
+    assert found[1].startswith(f"{venv}/")  # the Neuron venv's numpy 2.2.6
+    neuron_site = site_packages(venv)
+    assert sorted(p.name for p in neuron_site.glob("*.dist-info")) == [
+        "boto3-1.40.0.dist-info", "libneuronxla-2.2.17544.0.dist-info", "numpy-2.2.6.dist-info",
+        "transformers-4.57.1.dist-info",
+    ]  # fmt: skip
+    assert not list(site_packages(layer).glob("numpy*"))
+    assert "No broken requirements found." in result.stdout
