@@ -544,7 +544,10 @@ phase_python() {
   fi
   log "installing into $WORKLOAD_VENV: $(paste -sd' ' <<<"$plan")"
   # The Neuron venv's pip installs into the workload venv (pip --python); the constraints keep
-  # the Neuron stack's packages at the Neuron venv's versions.
+  # the Neuron stack's packages at the Neuron venv's versions. A package the Neuron venv has
+  # at another version is installed beside it, never removed from it: pip uninstalls nothing
+  # outside the target environment (pip/_internal/req/req_uninstall.py, "Not uninstalling
+  # ... outside environment").
   # shellcheck disable=SC2086  # one requirement per word
   "$neuron_python" -m pip --python "$python" install --quiet --disable-pip-version-check \
     "${source_args[@]}" -c "$constraints" $plan
