@@ -593,3 +593,43 @@ def test_an_error_that_will_not_pass_ends_the_follow_at_once(aws: FakeAws) -> No
     with pytest.raises(ClusterError, match=r"^access denied while following the command"):
         aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
     assert aws.time.now == 0
+
+
+def test_waiting_for_nodes_and_checking_for_a_stop_ride_out_throttling(aws: FakeAws) -> None:
+    """Between the legs and retries of a long job the CLI lists nodes and StopTraining
+    commands; a spell of throttling there does not end it either."""
+    from botocore.exceptions import ClientError
+
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.no_refresh()
+    calls: list[int] = []
+
+    def throttled_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ClientError(
+                {"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}},
+                "DescribeInstances",
+            )
+
+    aws.intercept("ec2", "DescribeInstances", throttled_once)
+    aws.online(nodes)
+    job = aws.send("RunTraining", nodes, train_parameters(nodes))
+    aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
+    aws.log_tail(job, nodes[0], ["boom"])
+    aws.stubs["ssm"].add_client_error(
+        "list_commands", service_error_code="ThrottlingException", http_status_code=400
+    )
+    aws.stop_commands([])
+
+    with pytest.raises(ClusterError, match=r"^job bert-1 failed: RunTraining failed on node 0"):
+        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    aws.verify()
+    assert len(calls) == 2
+    assert [line for line in aws.lines if "trying again" in line] == [
+        "AWS is throttling or unavailable (RequestLimitExceeded) while listing the nodes; "
+        "trying again for up to 1800 s",
+        "AWS is throttling or unavailable (ThrottlingException) while listing StopTraining "
+        "commands; trying again for up to 1800 s",
+    ]

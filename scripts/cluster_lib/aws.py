@@ -159,8 +159,17 @@ def transient_reason(error: BaseException) -> str | None:
     return None
 
 
+class TransientAwsError(ClusterError):
+    """A ClusterError from an AWS error that may pass if we wait (see transient_reason)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 def cluster_error(action: str, error: BaseException) -> ClusterError:  # noqa: PLR0911
     """The one-line ClusterError for a boto3 exception, saying what to do."""
+    reason = transient_reason(error)
     if isinstance(error, (NoCredentialsError, PartialCredentialsError)):
         return ClusterError(
             "no AWS credentials found: run `aws configure`, pass --profile, or set "
@@ -169,11 +178,12 @@ def cluster_error(action: str, error: BaseException) -> ClusterError:  # noqa: P
     if isinstance(error, NoRegionError):
         return ClusterError("no AWS region configured: pass --region or set AWS_REGION")
     if isinstance(error, (SSOError, TokenRetrievalError)):
-        return ClusterError(
-            f"the AWS SSO session has expired while {action}: run `aws sso login` and try again"
+        return TransientAwsError(
+            f"the AWS SSO session has expired while {action}: run `aws sso login` and try again",
+            reason or "",
         )
     if isinstance(error, (BotoConnectionError, HTTPClientError)):
-        return ClusterError(f"cannot reach AWS while {action}: {error}")
+        return TransientAwsError(f"cannot reach AWS while {action}: {error}", reason or "")
     if isinstance(error, ClientError):
         code = error.response.get("Error", {}).get("Code", "")
         message = error.response.get("Error", {}).get("Message", str(error))
@@ -181,6 +191,8 @@ def cluster_error(action: str, error: BaseException) -> ClusterError:  # noqa: P
             return ClusterError(f"AWS rejected the credentials ({code}: {message}): refresh them")
         if "AccessDenied" in code:
             return ClusterError(f"access denied while {action}: {message}")
+        if reason:
+            return TransientAwsError(f"{action} failed: {code}: {message}", reason)
         return ClusterError(f"{action} failed: {code}: {message}")
     return ClusterError(f"{action} failed: {error}")
 
@@ -394,8 +406,10 @@ class Cluster:
         give_up_after seconds without a good answer in between. Anything else raises."""
         try:
             value = call()
-        except (ClientError, BotoCoreError) as error:
-            reason = transient_reason(error)
+        except (ClientError, BotoCoreError, TransientAwsError) as error:
+            reason = (
+                error.reason if isinstance(error, TransientAwsError) else transient_reason(error)
+            )
             if reason is None:
                 raise cluster_error(action, error) from None
             now = self.clock()
@@ -418,6 +432,14 @@ class Cluster:
         self._trouble_since = None
         self._trouble_reason = ""
         return value
+
+    def persist(self, action: str, call: Callable[[], T], *, hint: str = "") -> T:
+        """Runs call() until it answers, riding out transient errors as `patiently` does."""
+        while True:
+            value = self.patiently(action, call, hint=hint)
+            if value is not None:
+                return value
+            self.sleep(self.poll_interval)
 
     # ----------------------------------------------------------------- discovery
     @property
@@ -512,8 +534,10 @@ class Cluster:
         deadline = self.clock() + self.wait_timeout
         last = ""
         while True:
-            nodes, starting = self.running_nodes()
-            status = self.ssm_status(nodes)
+            nodes, starting = self.persist("listing the nodes", self.running_nodes)
+            status = self.persist(
+                "reading the nodes' SSM status", functools.partial(self.ssm_status, nodes)
+            )
             offline = [n for n in nodes if status.get(n.instance_id) != "Online"]
             if not require_all:
                 online = [n for n in nodes if n not in offline]
@@ -925,13 +949,16 @@ class Cluster:
 
     def stop_requested(self, job_id: str, since: datetime) -> str | None:
         """The ID of a StopTraining command for job_id sent after `since`, if any."""
-        with aws_errors("listing StopTraining commands"):
-            commands = self.clients.ssm.list_commands(
+        document = self.outputs().document("StopTraining")
+        commands = self.persist(
+            "listing StopTraining commands",
+            lambda: self.clients.ssm.list_commands(
                 Filters=[
-                    {"key": "DocumentName", "value": self.outputs().document("StopTraining")},
+                    {"key": "DocumentName", "value": document},
                     {"key": "InvokedAfter", "value": since.strftime("%Y-%m-%dT%H:%M:%SZ")},
                 ]
-            )["Commands"]
+            )["Commands"],
+        )
         for command in commands:
             if command.get("Parameters", {}).get("JobId") == [job_id]:
                 found: str = command["CommandId"]
@@ -1096,6 +1123,9 @@ class Cluster:
             "ami": str(current.get("LaunchTemplateData", {}).get("ImageId", "")),
         }
 
+    def _refresh(self) -> dict[str, Any]:
+        return self.active_refresh() or {}
+
     def active_refresh(self) -> dict[str, Any] | None:
         """The group's instance refresh that may still replace nodes, if any."""
         group_name = self.outputs()["AutoScalingGroupName"]
@@ -1112,7 +1142,7 @@ class Cluster:
         """A job is never sent while an instance refresh may replace its nodes."""
         deadline = self.clock() + self.wait_timeout
         last = ""
-        while (refresh := self.active_refresh()) is not None:
+        while (refresh := self.persist("reading instance refreshes", self._refresh)) != {}:
             problem = (
                 f"instance refresh {refresh.get('InstanceRefreshId')} of group "
                 f"{self.outputs()['AutoScalingGroupName']} is replacing nodes "
