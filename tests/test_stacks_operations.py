@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.cluster_lib.aws import REQUIRED_OUTPUTS
+from scripts.cluster_lib.aws import EXPORT_OUTPUTS, REQUIRED_OUTPUTS
 from tests.cdk_support import Synth, alternative, flatten, only_resource, resources, synth
 
 SSM_DOCUMENTS_DIR = Path(__file__).resolve().parent.parent / "stacks" / "ssm_documents"
@@ -64,6 +64,7 @@ def test_outputs_carry_what_the_operator_tooling_reads(default: Synth) -> None:
     assert set(CONTRACT_OUTPUTS) <= set(outputs)
     # What scripts/cluster.py refuses to run without must be there too.
     assert set(REQUIRED_OUTPUTS) <= set(outputs)
+    assert set(EXPORT_OUTPUTS) <= set(outputs)  # `cluster.py export` (contract C6)
     assert outputs["ClusterName"]["Value"] == "trainium"
     assert outputs["ClusterTagKey"]["Value"] == "trainium-cluster:name"
     assert outputs["NodeCount"]["Value"] == "2"
