@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.aws import Cluster
+from scripts.cluster_lib.localcloud import job_processes, local_cloud
 from scripts.cluster_lib.rehearsal import NetnsHosts, Rehearsal, RunningCommand
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +67,14 @@ def checkpoints(job_dir: Path) -> list[int]:
         return []
     steps = [int(m.group(1)) for p in folder.iterdir() if (m := CHECKPOINT.match(p.name))]
     return sorted(steps)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def events(rehearsal: Rehearsal, job_id: str, kind: str) -> list[dict[str, Any]]:
@@ -128,59 +139,185 @@ def test_namespaces_are_created_and_removed() -> None:
     assert not any(name in listed.stdout for name in names)
 
 
+def stand_in(tmp_path: Path, **options: Any) -> Any:
+    """Two rehearsal nodes behind the local Run Command stand-in, or a skip where this
+    machine cannot make namespaces."""
+    if not NetnsHosts.available():
+        pytest.skip("needs root and iproute2")
+    try:
+        return local_cloud(2, tmp_path, **options)
+    except ClusterError as error:
+        pytest.skip(str(error))
+
+
+def gone(job: str, timeout: float = 10) -> bool:
+    """No process of the job is left (the leg's watchdog polls every second)."""
+    deadline = time.monotonic() + timeout
+    while job_processes(job):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def job_metrics(output: Path, job_id: str, kind: str) -> list[dict[str, Any]]:
+    path = output / "jobs" / job_id / "metrics.jsonl"
+    records = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return [r for r in records if r.get("event") == kind]
+
+
+class Train(threading.Thread):
+    """`Cluster.train` (the CLI's own code) in a thread, its output kept."""
+
+    def __init__(self, cluster: Cluster, job_id: str, args: list[str], **options: Any) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.job_id, self.args, self.options = cluster, job_id, args, options
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.cluster.train(self.job_id, self.args, **self.options)
+        except BaseException as error:  # reported by the test
+            self.error = error
+
+
+def make_cluster(cloud: Any, lines: list[str]) -> Cluster:
+    return Cluster(
+        cloud.clients(), cloud.cluster_name, out=lines.append, poll_interval=0.5,
+        wait_timeout=120, failure_grace=20,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.netns
-def test_two_nodes_train_then_resume_after_one_dies(tmp_path: Path, sample_data: Path) -> None:
-    with namespaced_hosts(2) as hosts:
-        rehearsal = Rehearsal(hosts, tmp_path, echo=None)
-
-        # Preflight across the two nodes: local checks and a gloo all-reduce.
-        preflight = rehearsal.preflight()
-        assert preflight.wait(timeout=300) == [0, 0], tails(preflight)
-        assert any('"event": "collective"' in line for line in preflight.nodes[0].lines)
-
-        # Job 1 trains to completion on both nodes.
-        job = rehearsal.start_job("complete", train_args(sample_data, "--max-steps", "8",
-                                                          "--checkpoint-every", "4",
-                                                          "--eval-every", "8"))  # fmt: skip
-        assert job.wait(timeout=600) == [0, 0], tails(job)
-        job_dir = rehearsal.job_dir("complete")
-        assert events(rehearsal, "complete", "summary"), tails(job)
-        assert max(r["step"] for r in events(rehearsal, "complete", "train")) == 8
-        assert checkpoints(job_dir)[-1] == 8
-        logs = sorted(p.name for p in (job_dir / "logs").iterdir())
-        assert logs == ["node-0-10.77.0.1.log", "node-1-10.77.0.2.log"]
-
-        # Job 2: node 1 dies after the first checkpoint; node 0's torchrun fails on its own.
-        args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
-                          "--eval-every", "60")  # fmt: skip
-        job = rehearsal.start_job("resume", args)
-        job_dir = rehearsal.job_dir("resume")
+def test_a_cancelled_node_leaves_nothing_behind_and_the_retry_resumes(
+    tmp_path: Path, sample_data: Path
+) -> None:
+    """`train --max-retries 1` through the Run Command stand-in: one node's command is
+    cancelled the agent's way (SIGKILL to the script's process group) mid-run; nothing of
+    the first attempt survives on any node, the retry's preflight (which fails on
+    NeuronCores in use) passes, and the job resumes from its last checkpoint and finishes."""
+    job = "cancelled"
+    args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
+                      "--eval-every", "60", "--log-every", "5")  # fmt: skip
+    with stand_in(tmp_path) as cloud:
+        lines: list[str] = []
+        cluster = make_cluster(cloud, lines)
+        train = Train(cluster, job, args, nproc_per_node="auto", max_retries=1, retry_delay=1,
+                      stream=False)  # fmt: skip
+        train.start()
+        job_dir = tmp_path / "jobs" / job
         deadline = time.monotonic() + 400
         while not checkpoints(job_dir):
-            assert time.monotonic() < deadline, "no checkpoint after 400 s\n" + tails(job)
-            assert None in [n.process.poll() for n in job.nodes], "job ended early\n" + tails(job)
-            time.sleep(0.05)
-        hosts.kill(1)
-        codes = job.wait(timeout=300, failure_grace=240)
-        assert not events(rehearsal, "resume", "summary"), "the job finished before the kill"
-        assert codes[1] != 0
-        assert codes[0] > 0, f"node 0 did not fail on its own (status {codes[0]})\n" + tails(job)
-        assert any("torchrun failed with status" in line for line in job.nodes[0].lines)
-        last = checkpoints(job_dir)[-1]
-        assert 0 < last < 60
+            assert time.monotonic() < deadline, "no checkpoint after 400 s\n" + "\n".join(lines)
+            assert train.is_alive(), f"train ended early: {train.error}\n" + "\n".join(lines)
+            time.sleep(0.1)
+        first_attempt = job_processes(job)
+        assert len(first_attempt) >= 4, "expected torchrun and a trainer on each node"
+        (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        victim = cloud.running()[1]
+        cloud.cancel(command.command_id, victim.instance_id)
+        train.join(timeout=600)
+        assert not train.is_alive(), "train did not finish\n" + "\n".join(lines)
+        assert train.error is None, f"{train.error}\n" + "\n".join(lines)
 
-        # The same job ID on both nodes again: it resumes from the last checkpoint and ends.
-        job = rehearsal.start_job("resume", args)
-        assert job.wait(timeout=600) == [0, 0], tails(job)
-        resumes = events(rehearsal, "resume", "resume")
-        assert resumes, tails(job)
-        assert resumes[-1]["step"] == last
-        assert str(last) in str(resumes[-1].get("checkpoint", last))
-        assert events(rehearsal, "resume", "summary")
-        steps = [r["step"] for r in events(rehearsal, "resume", "train")]
-        assert max(steps) == 60
-        assert any(step > last for step in steps)
+        output = "\n".join(lines)
+        assert f"RunTraining: node 1 ({victim.address}, {victim.instance_id}): Cancelled" in output
+        assert "attempt 1 failed; retrying" in output
+        assert "attempt 2 of 2" in output
+        # Nothing of the first attempt outlived it: not the cancelled node's workers (in
+        # sessions of their own), not the survivor's.
+        assert [pid for pid in first_attempt if alive(pid)] == []
+        invocation = command.invocations[victim.instance_id].status()
+        assert (invocation["status"], invocation["code"]) == ("Cancelled", 137)
+        preflights = [c for c in cloud.commands.values() if c.document.endswith("Preflight")]
+        assert len(preflights) == 2
+        assert all(i.status()["status"] == "Success" for i in preflights[1].invocations.values())
+        resumes = job_metrics(tmp_path, job, "resume")
+        assert resumes, output
+        assert 0 < resumes[-1]["step"] < 60
+        summaries = job_metrics(tmp_path, job, "summary")
+        assert summaries and max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 60
+        assert gone(job), job_processes(job)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_a_leg_that_reaches_its_time_limit_saves_and_the_next_leg_resumes(
+    tmp_path: Path, sample_data: Path
+) -> None:
+    """RunTraining's ExecutionTimeout made short for the first leg (as an operator may deploy
+    the document): launch.sh ends the leg StopGraceSeconds before the agent would kill it, the
+    trainers save, and `train` with no retries to spend continues with a second leg (at the
+    document's own 48-hour limit), which resumes and finishes the job."""
+    job = "legs"
+    args = train_args(sample_data, "--max-steps", "1500", "--checkpoint-every", "100",
+                      "--eval-every", "1500", "--log-every", "10")  # fmt: skip
+    defaults = {"RunTraining": {"ExecutionTimeout": "60", "StopGraceSeconds": "30"}}
+    with stand_in(tmp_path, document_defaults=defaults) as cloud:
+        lines: list[str] = []
+        cluster = make_cluster(cloud, lines)
+        train = Train(cluster, job, args, max_retries=0, retry_delay=1, stream=False)
+        train.start()
+        deadline = time.monotonic() + 300
+        while not any(c.document.endswith("RunTraining") for c in cloud.commands.values()):
+            assert time.monotonic() < deadline and train.is_alive(), "\n".join(lines)
+            time.sleep(0.2)
+        cloud.document_defaults = {}  # later legs get the document's defaults
+        train.join(timeout=900)
+        assert not train.is_alive(), "train did not finish\n" + "\n".join(lines)
+        output = "\n".join(lines)
+        assert train.error is None, f"{train.error}\n{output}"
+        assert "leg 1 reached its time limit and saved a checkpoint" in output
+        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert len(legs) == 2, output
+        first = [i.status() for i in legs[0].invocations.values()]
+        assert {(s["status"], s["code"]) for s in first} <= {("Failed", 75), ("Success", 0)}
+        assert ("Failed", 75) in {(s["status"], s["code"]) for s in first}
+        stopped = [s for s in job_metrics(tmp_path, job, "summary") if s.get("stopped_by_signal")]
+        assert stopped, "no summary with stopped_by_signal"
+        resumes = job_metrics(tmp_path, job, "resume")
+        assert resumes and resumes[0]["step"] == stopped[0]["step"]
+        assert 0 < stopped[0]["step"] < 1500
+        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 1500
+        assert gone(job), job_processes(job)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
+    tmp_path: Path, sample_data: Path
+) -> None:
+    """`make demo`'s command as root: preflight and RunTraining are sent by the CLI's code to
+    the stand-in, which runs the real documents on the namespaced nodes."""
+    if not NetnsHosts.available():
+        pytest.skip("needs root and iproute2")
+    output = tmp_path / "rehearsal"
+    (output / "data").mkdir(parents=True)
+    for path in sample_data.iterdir():
+        (output / "data" / path.name).write_bytes(path.read_bytes())
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), "rehearse", "--nodes", "2",
+         "--mode", "netns", "--output", str(output), "--job-id", "cli", "--quiet",
+         "--", *TINY, "--max-steps", "4", "--checkpoint-every", "2", "--eval-every", "4"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "behind the local Run Command stand-in" in result.stdout
+    assert "software: version=" in result.stdout  # preflight compared the nodes
+    assert "job cli finished on all 2 nodes" in result.stdout
+    summary = json.loads(result.stdout.split("summary: ", 1)[1].splitlines()[0])
+    assert summary["event"] == "summary"
+    assert sorted(p.name for p in (output / "jobs" / "cli" / "logs").iterdir()) == [
+        "node-0-10.77.0.1.log", "node-1-10.77.0.2.log",
+    ]  # fmt: skip
 
 
 @pytest.mark.slow

@@ -287,6 +287,27 @@ class RunningCommand:
         return [int(node.process.returncode) for node in self.nodes]
 
 
+def prepare_data(
+    data: Path, train_size: int = 1600, test_size: int = 400, python: str = sys.executable
+) -> Path:
+    """Generates the sample data set into `data` unless it is there already."""
+    if not any(data.glob("train.*")):
+        script = REPO_ROOT / "scripts" / "make_sample_data.py"
+        if not script.is_file():
+            raise ClusterError(f"{script} not found: cannot generate sample data")
+        result = subprocess.run(
+            [
+                python, str(script), "--output", str(data),
+                "--train-size", str(train_size), "--test-size", str(test_size), "--seed", "0",
+            ],
+            check=False, capture_output=True, text=True,
+        )  # fmt: skip
+        if result.returncode != 0:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+            raise ClusterError("sample data generation failed: " + " | ".join(tail))
+    return data
+
+
 class Rehearsal:
     """Runs node scripts on rehearsal hosts with a node-like environment under `output`:
     output/data (sample data), output/jobs (the jobs root, like /fsx/jobs), output/node
@@ -344,21 +365,7 @@ class Rehearsal:
         return env
 
     def prepare_data(self, train_size: int = 1600, test_size: int = 400) -> Path:
-        if not any(self.data.glob("train.*")):
-            script = REPO_ROOT / "scripts" / "make_sample_data.py"
-            if not script.is_file():
-                raise ClusterError(f"{script} not found: cannot generate sample data")
-            result = subprocess.run(
-                [
-                    self.python, str(script), "--output", str(self.data),
-                    "--train-size", str(train_size), "--test-size", str(test_size), "--seed", "0",
-                ],
-                check=False, capture_output=True, text=True,
-            )  # fmt: skip
-            if result.returncode != 0:
-                tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
-                raise ClusterError("sample data generation failed: " + " | ".join(tail))
-        return self.data
+        return prepare_data(self.data, train_size, test_size, self.python)
 
     def hosts_arg(self) -> str:
         return ",".join(self.hosts.addresses)
@@ -436,14 +443,114 @@ def rehearse(
     timeout: float = 1800,
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """What `cluster.py rehearse` does; returns the job's summary metrics line."""
+    """What `cluster.py rehearse` does; returns the job's summary metrics line.
+
+    With network namespaces (root), the job goes through every layer AWS has: the operator
+    CLI's own `train` (preflight, RunTraining, following, retries) against the local Run
+    Command stand-in (scripts/cluster_lib/localcloud.py), which runs the real SSM documents
+    on the nodes as the SSM agent does. On loopback addresses (no privileges) the node
+    scripts are started directly, without the agent's layer."""
     if not 1 <= nodes <= 8:
         raise ClusterError(f"--nodes {nodes} is not allowed: rehearse with 1 to 8 nodes")
+    if mode not in ("auto", "netns", "loopback"):
+        raise ClusterError(f"--mode {mode!r} is not allowed: use auto, netns or loopback")
+    through_agent = mode != "loopback" and NetnsHosts.available() and shutil.which("unshare")
+    if mode == "netns" and not through_agent:
+        raise ClusterError("--mode netns needs root, iproute2 and unshare; use --mode loopback")
+    if through_agent:
+        return _rehearse_through_run_command(
+            nodes, output, job_id, extra_args, preflight=preflight, fresh=fresh, quiet=quiet,
+            out=out,
+        )  # fmt: skip
+    return _rehearse_direct(
+        nodes, output, job_id, extra_args, mode=mode, preflight=preflight, fresh=fresh,
+        quiet=quiet, timeout=timeout, out=out,
+    )  # fmt: skip
+
+
+#: Folders the stand-in's nodes see through overlays: writes there stay on the node.
+NODE_PRIVATE = ("/etc", "/opt", "/var", "/usr/local")
+
+
+def _rehearse_through_run_command(
+    nodes: int,
+    output: Path,
+    job_id: str,
+    extra_args: Sequence[str],
+    *,
+    preflight: bool,
+    fresh: bool,
+    quiet: bool,
+    out: Callable[[str], None],
+) -> dict[str, Any]:
+    from scripts.cluster_lib.aws import Cluster
+    from scripts.cluster_lib.localcloud import local_cloud
+
+    output = output.resolve()
+    for private in NODE_PRIVATE:
+        if output == Path(private) or Path(private) in output.parents:
+            raise ClusterError(
+                f"--output {output} is inside {private}, which each rehearsal node overlays "
+                "with its own files: choose a folder elsewhere (e.g. build/rehearsal)"
+            )
+    data = prepare_data(output / "data")
+    if fresh:
+        shutil.rmtree(output / "jobs" / job_id, ignore_errors=True)
+    shutil.rmtree(output / "nodes", ignore_errors=True)
+    with local_cloud(nodes, output) as cloud:
+        addresses = ", ".join(i.address for i in cloud.running())
+        out(
+            f"rehearsal: {nodes} nodes (netns: {addresses}) behind the local Run Command "
+            f"stand-in, output {output}"
+        )
+        cluster = Cluster(
+            cloud.clients(), cloud.cluster_name, out=out, poll_interval=1.0,
+            wait_timeout=120, failure_grace=60,
+        )  # fmt: skip
+        cluster.train(
+            job_id,
+            [*default_train_args(data), *extra_args],
+            skip_preflight=not preflight,
+            retry_delay=5,
+            stream=not quiet,
+        )
+    return _summary(output, job_id, out)
+
+
+def _summary(output: Path, job_id: str, out: Callable[[str], None]) -> dict[str, Any]:
+    metrics = output / "jobs" / job_id / "metrics.jsonl"
+    records = []
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+    summaries = [r for r in records if r.get("event") == "summary"]
+    if not summaries:
+        raise ClusterError(f"job {job_id} ended without a summary line in {metrics}")
+    out(f"rehearsal: job {job_id} finished; metrics in {metrics}")
+    out("summary: " + json.dumps(summaries[-1]))
+    return summaries[-1]
+
+
+def _rehearse_direct(
+    nodes: int,
+    output: Path,
+    job_id: str,
+    extra_args: Sequence[str],
+    *,
+    mode: str,
+    preflight: bool,
+    fresh: bool,
+    quiet: bool,
+    timeout: float,
+    out: Callable[[str], None],
+) -> dict[str, Any]:
     with make_hosts(nodes, mode) as hosts:
         rehearsal = Rehearsal(hosts, output, echo=None if quiet else out)
         out(
             f"rehearsal: {nodes} nodes ({hosts.mode}: {', '.join(hosts.addresses)}), "
-            f"output {rehearsal.output}"
+            f"output {rehearsal.output} (node scripts started directly, without the SSM "
+            "agent's layer: run as root for the Run Command stand-in)"
         )
         data = rehearsal.prepare_data()
         if fresh:
@@ -455,13 +562,4 @@ def rehearse(
         out(f"rehearsal: launch.sh on every node, job {job_id}")
         running = rehearsal.start_job(job_id, [*default_train_args(data), *extra_args])
         check_failed(f"job {job_id}", running.wait(timeout=timeout), running)
-        summaries = [r for r in rehearsal.metrics(job_id) if r.get("event") == "summary"]
-        if not summaries:
-            raise ClusterError(
-                f"job {job_id} ended without a summary line in "
-                f"{rehearsal.job_dir(job_id) / 'metrics.jsonl'}"
-            )
-        metrics = rehearsal.job_dir(job_id) / "metrics.jsonl"
-        out(f"rehearsal: job {job_id} finished; metrics in {metrics}")
-        out("summary: " + json.dumps(summaries[-1]))
-        return summaries[-1]
+        return _summary(rehearsal.output, job_id, out)

@@ -159,6 +159,7 @@ while true; do
 done
 trap - TERM INT HUP USR1
 if [[ -n $timer ]]; then
+  pkill -P "$timer" 2>/dev/null || true
   kill "$timer" 2>/dev/null || true
 fi
 if ((status == 0 && leg_ended)); then

@@ -1,0 +1,168 @@
+"""The local Run Command stand-in's node agent: one per rehearsal node.
+
+Runs inside the node's network namespace and a mount namespace of its own (started by
+scripts/cluster_lib/localcloud.py), where it first lays out the node's file system like the
+Neuron DLAMI's (overlays on /etc, /opt, /var and /usr/local, so that the fake Neuron and EFA
+tools sit at /opt/aws/neuron/bin and /opt/amazon/efa/bin, the venv at
+/opt/aws_neuronx_venv_pytorch_2_9 and the node scripts at /opt/trainium-cluster), then runs
+the commands the host drops into its spool folder the way the SSM agent runs an
+aws:runShellScript step (see scripts/cluster_lib/ssm_agent/__init__.py for the sources):
+
+- the step's commands go into `_script.sh`, run as `sh _script.sh` in the agent's
+  environment only (nothing of this process's environment leaks in), in a process group
+  of its own;
+- on cancel and on executionTimeout the process group gets SIGKILL and the exit code is 137;
+- the status file says InProgress, then Success, Failed, Cancelled or TimedOut.
+
+Spool protocol (all files written atomically): commands/<id>.json {id, script, env, timeout,
+dir}; cancel/<id> asks for a cancel; <dir>/status.json is the agent's answer; <dir>/stdout and
+<dir>/stderr grow while the script runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+STOPPED_EXIT_CODE = 137
+POLL_SECONDS = 0.1
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(value))
+    partial.replace(path)
+
+
+def mount(spec: dict[str, str]) -> None:
+    target = spec["target"]
+    if spec["type"] == "overlay":
+        options = f"lowerdir={target},upperdir={spec['upper']},workdir={spec['work']}"
+        command = ["mount", "-t", "overlay", "overlay", "-o", options, target]
+    elif spec["type"] == "bind":
+        Path(target).mkdir(parents=True, exist_ok=True)
+        command = ["mount", "--bind", spec["source"], target]
+    else:
+        raise SystemExit(f"local agent: unknown mount type {spec['type']!r}")
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"local agent: {' '.join(command)} failed: {result.stderr.strip()}")
+
+
+@dataclass
+class Running:
+    spec: dict[str, Any]
+    process: subprocess.Popen[bytes]
+    started: float
+    outputs: tuple[IO[bytes], IO[bytes]]
+    ending: str = ""
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.spec["dir"])
+
+    def kill(self, why: str) -> None:
+        """SIGKILL to the script's process group, as the agent's killProcess does."""
+        if not self.ending:
+            self.ending = why
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def start(spec: dict[str, Any]) -> Running:
+    folder = Path(spec["dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "_script.sh").write_text(spec["script"] + "\n")
+    stdout = (folder / "stdout").open("wb")
+    stderr = (folder / "stderr").open("wb")
+    now = time.time()
+    write_json(folder / "status.json", {"status": "InProgress", "started": now})
+    process = subprocess.Popen(
+        ["sh", "_script.sh"],
+        cwd=folder,
+        env=spec["env"],
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        process_group=0,
+    )
+    return Running(spec, process, now, (stdout, stderr))
+
+
+def finish(running: Running, code: int) -> None:
+    for stream in running.outputs:
+        stream.close()
+    if running.ending == "cancel":
+        status, details, code = "Cancelled", "Cancelled", STOPPED_EXIT_CODE
+    elif running.ending == "timeout":
+        status, details, code = "TimedOut", "ExecutionTimedOut", STOPPED_EXIT_CODE
+    elif code == 0:
+        status, details = "Success", "Success"
+    else:
+        status, details = "Failed", "Failed"
+    write_json(
+        running.folder / "status.json",
+        {
+            "status": status,
+            "details": details,
+            "code": code,
+            "started": running.started,
+            "ended": time.time(),
+        },
+    )
+
+
+def serve(spool: Path) -> None:
+    commands, cancels = spool / "commands", spool / "cancel"
+    commands.mkdir(parents=True, exist_ok=True)
+    cancels.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    running: dict[str, Running] = {}
+    write_json(spool / "agent.json", {"pid": os.getpid(), "started": time.time()})
+    while True:
+        for path in sorted(commands.glob("*.json")):
+            if path.stem in seen:
+                continue
+            seen.add(path.stem)
+            spec = json.loads(path.read_text())
+            if (cancels / path.stem).exists():
+                folder = Path(spec["dir"])
+                folder.mkdir(parents=True, exist_ok=True)
+                write_json(folder / "status.json", {"status": "Cancelled", "code": -1})
+                continue
+            running[path.stem] = start(spec)
+        for key, item in list(running.items()):
+            if (cancels / key).exists():
+                item.kill("cancel")
+            elif time.time() - item.started > float(item.spec["timeout"]):
+                item.kill("timeout")
+            code = item.process.poll()
+            if code is not None:
+                finish(item, code)
+                del running[key]
+        time.sleep(POLL_SECONDS)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spool", type=Path, required=True)
+    parser.add_argument("--mounts", type=Path, required=True, help="JSON list of mount specs")
+    args = parser.parse_args()
+    for spec in json.loads(args.mounts.read_text()):
+        mount(spec)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    serve(args.spool)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
