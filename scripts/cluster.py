@@ -328,11 +328,15 @@ def cmd_status(cluster: Any) -> int:
         f"cluster {outputs['ClusterName']} (stack {outputs.stack_name}): "
         f"{outputs['NodeCount']} x {outputs['InstanceType']}"
     )
-    template = cluster.launch_template()
-    out(
-        f"launch template {template['id']}: current version {template['version']}, "
-        f"AMI {template['ami'] or '-'}"
-    )
+    try:
+        template = cluster.launch_template()
+        out(
+            f"launch template {template['id']}: current version {template['version']}, "
+            f"AMI {template['ami'] or '-'}"
+        )
+    except ClusterError as error:  # e.g. the compute stack is not deployed
+        template = {"id": "", "version": "", "ami": ""}
+        out(f"launch template: unknown ({error})")
     nodes, starting = cluster.running_nodes()
     status = cluster.ssm_status(nodes)
     out(f"nodes: {len(nodes)} running of {outputs['NodeCount']}, {starting} starting")
@@ -340,10 +344,10 @@ def cmd_status(cluster: Any) -> int:
     for rank, node in enumerate(nodes):
         launched = node.launch_time.strftime("%Y-%m-%d %H:%M") if node.launch_time else "-"
         version = node.launch_template_version or "?"
-        old = version != template["version"] or (
-            template["ami"] and node.image_id != template["ami"]
+        old = bool(template["version"]) and (
+            version != template["version"] or node.image_id != template["ami"]
         )
-        stale += bool(old)
+        stale += old
         out(
             f"  {rank:>3}  {node.instance_id:<20} {node.address:<15} {node.zone:<12} "
             f"ssm {status.get(node.instance_id, 'not registered'):<15} "
@@ -355,7 +359,7 @@ def cmd_status(cluster: Any) -> int:
             f"{stale} of {len(nodes)} nodes do not run launch template version "
             f"{template['version']}: roll the fleet with `cluster.py roll` when no job runs"
         )
-    refresh = cluster.active_refresh()
+    refresh = cluster.active_refresh() if template["id"] else None
     if refresh:
         out(
             f"instance refresh {refresh.get('InstanceRefreshId')}: {refresh.get('Status')}, "

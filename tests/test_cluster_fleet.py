@@ -255,3 +255,31 @@ def test_export_failures_get_one_line(aws: FakeAws, setup: str, message: str) ->
     assert "\n" not in str(error.value)
     assert str(error.value).startswith(message)
     aws.verify()
+
+
+def test_status_without_the_compute_stack_still_lists_the_rest(aws: FakeAws) -> None:
+    from scripts import cluster as cli
+
+    aws.stack()
+    aws.stubs["autoscaling"].add_response(
+        "describe_auto_scaling_groups", {"AutoScalingGroups": []},
+        {"AutoScalingGroupNames": [GROUP]},
+    )  # fmt: skip
+    for name in ("RunTraining", "Preflight", "Precompile", "StopTraining"):
+        aws.stubs["ssm"].add_response(
+            "list_commands", {"Commands": []},
+            {"Filters": [{"key": "DocumentName", "value": OUTPUTS[f"{name}DocumentName"]}],
+             "MaxResults": 8},
+        )  # fmt: skip
+    printed, restore = capture(cli)
+    try:
+        assert cli.cmd_status(aws.cluster()) == 0
+    finally:
+        restore()
+    aws.verify()
+    assert printed[1:] == [
+        f"launch template: unknown (Auto Scaling group {GROUP} does not exist: deploy the "
+        "compute stack)",
+        "nodes: 0 running of 2, 0 starting",
+        "recent commands: none",
+    ]
