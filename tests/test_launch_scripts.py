@@ -644,10 +644,16 @@ def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: Fa
 
 # --------------------------------------------------------------------------- precompile
 def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -> None:
-    node.tool(
-        "neuron_parallel_compile",
-        '#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$FAKE_DIR/npc.args"\n',
-    )
+    """neuron_parallel_compile sits in the Neuron venv's bin (not on Run Command's PATH):
+    precompile.sh finds it by activating NEURON_VENV itself."""
+    venv = node.root / "neuron-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text(f'PATH="{venv}/bin:$PATH"\n')
+    npc = venv / "bin" / "neuron_parallel_compile"
+    npc.write_text('#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$FAKE_DIR/npc.args"\n')
+    npc.chmod(0o755)
+    node.settings["NEURON_VENV"] = str(venv)
+    node.write_env()
     scratch = node.root / "scratch"
     values = {
         "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
@@ -666,6 +672,6 @@ def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:
     result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j")
     assert result.returncode == 1
     assert errors(result) == [
-        "neuron_parallel_compile not found: precompiling needs the Neuron SDK (a Trainium node "
-        "with the Neuron venv on PATH)"
+        "neuron_parallel_compile not found: precompiling needs the Neuron SDK "
+        f"(NEURON_VENV={node.root / 'no-venv'} has none)"
     ]

@@ -37,8 +37,11 @@ done
 [[ -n $job_id ]] || die "--job-id is required"
 validate_job_id "$job_id"
 [[ $steps =~ ^[1-9][0-9]{0,3}$ ]] || die "--steps '$steps' is not allowed: use a number of steps from 1 to 9999"
+# neuron_parallel_compile lives in the Neuron venv's bin, which Run Command's PATH lacks.
+load_cluster_env || true
+activate_python
 command -v neuron_parallel_compile >/dev/null 2>&1 ||
-  die "neuron_parallel_compile not found: precompiling needs the Neuron SDK (a Trainium node with the Neuron venv on PATH)"
+  die "neuron_parallel_compile not found: precompiling needs the Neuron SDK (NEURON_VENV=${NEURON_VENV:-unset} has none)"
 
 scratch="${TRAINIUM_PRECOMPILE_DIR:-/var/tmp/trainium-cluster/precompile}"
 rm -rf "${scratch:?}/$job_id"
