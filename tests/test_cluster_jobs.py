@@ -350,3 +350,20 @@ def test_stop_cancels_the_jobs_commands_that_ssm_still_runs(aws: FakeAws) -> Non
     assert aws.cluster().stop("bert-1").ok
     aws.verify()
     assert f"cancelling RunTraining command {running} of job bert-1" in aws.lines
+
+
+def test_nodes_that_all_lack_the_software_line_pass_with_a_note(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.online(nodes)
+    check = aws.preflight_passes(nodes, "checks passed")
+    for node in nodes:
+        aws.stubs["logs"].add_response(
+            "filter_log_events", {"events": []},
+            {"logGroupName": OUTPUTS["TrainingLogGroupName"],
+             "logStreamNamePrefix": f"{check}/{node['InstanceId']}/",
+             "filterPattern": '"node-software:"'},
+        )  # fmt: skip
+    assert aws.cluster().preflight().ok
+    aws.verify()
+    assert "software: no node reports it (node scripts older than this CLI)" in aws.lines

@@ -125,6 +125,7 @@ SOFTWARE_LINE = re.compile(
     r" ami=(?P<ami>\S*)\s*$",
     re.MULTILINE,
 )
+MISSING_SOFTWARE = "no node-software line"
 #: Instance refresh statuses (Auto Scaling API reference, InstanceRefresh.Status) during which
 #: the group may replace nodes.
 ACTIVE_REFRESH = {"Pending", "InProgress", "Cancelling", "RollbackInProgress", "Baking"}
@@ -805,10 +806,13 @@ class Cluster:
         groups: dict[str, list[Invocation]] = {}
         for inv in result.invocations:
             software = software_of(inv.stdout) or self._software_from_logs(inv)
-            groups.setdefault(software or "no node-software line", []).append(inv)
+            groups.setdefault(software or MISSING_SOFTWARE, []).append(inv)
         if len(groups) == 1:
             (software,) = groups
-            self.out(f"software: {software} on all {len(result.invocations)} nodes")
+            if software == MISSING_SOFTWARE:
+                self.out("software: no node reports it (node scripts older than this CLI)")
+            else:
+                self.out(f"software: {software} on all {len(result.invocations)} nodes")
             return
         raise ClusterError(
             f"the nodes run different software: {describe_groups(groups)}: roll the fleet "
