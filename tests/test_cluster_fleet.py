@@ -283,3 +283,25 @@ def test_status_without_the_compute_stack_still_lists_the_rest(aws: FakeAws) -> 
         "nodes: 0 running of 2, 0 starting",
         "recent commands: none",
     ]
+
+
+@pytest.mark.parametrize("by", ["LaunchTemplateId", "LaunchTemplateName"])
+def test_the_groups_template_is_found_by_id_or_by_name(aws: FakeAws, by: str) -> None:
+    template = aws.clients.ec2.create_launch_template(
+        LaunchTemplateName="trainium-nodes", LaunchTemplateData={"ImageId": "ami-12c6146b"}
+    )["LaunchTemplate"]
+    aws.stack()
+    aws.stubs["autoscaling"].add_response(
+        "describe_auto_scaling_groups",
+        {"AutoScalingGroups": [{
+            "AutoScalingGroupName": GROUP, "MinSize": 2, "MaxSize": 2, "DesiredCapacity": 2,
+            "DefaultCooldown": 300, "AvailabilityZones": ["us-east-1a"], "HealthCheckType": "EC2",
+            "CreatedTime": datetime(2026, 1, 1, tzinfo=UTC),
+            "LaunchTemplate": {by: template[by], "Version": "$Latest"},
+        }]},
+        {"AutoScalingGroupNames": [GROUP]},
+    )  # fmt: skip
+    assert aws.cluster().launch_template() == {
+        "id": template["LaunchTemplateId"], "version": "1", "ami": "ami-12c6146b",
+    }  # fmt: skip
+    aws.verify()

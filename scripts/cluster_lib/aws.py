@@ -1109,20 +1109,24 @@ class Cluster:
                 f"Auto Scaling group {group_name} does not exist: deploy the compute stack"
             )
         spec = groups[0].get("LaunchTemplate") or {}
-        template_id = spec.get("LaunchTemplateId", "")
-        if not template_id:
+        # The group names its template by ID or by name (Auto Scaling API reference,
+        # LaunchTemplateSpecification); DescribeLaunchTemplateVersions takes either.
+        which = {
+            key: spec[key] for key in ("LaunchTemplateId", "LaunchTemplateName") if spec.get(key)
+        }
+        if not which:
             raise ClusterError(f"Auto Scaling group {group_name} has no launch template")
         with aws_errors("reading the launch template"):
             # "$Latest" / "$Default" resolve to a number here; ResolveAlias shows the AMI an
             # image parameter ("resolve:ssm:...") stands for.
             versions = self.clients.ec2.describe_launch_template_versions(
-                LaunchTemplateId=template_id,
+                **dict(list(which.items())[:1]),
                 Versions=[str(spec.get("Version", "$Default"))],
                 ResolveAlias=True,
             )["LaunchTemplateVersions"]
         current = versions[0] if versions else {}
         return {
-            "id": template_id,
+            "id": str(current.get("LaunchTemplateId") or next(iter(which.values()))),
             "version": str(current.get("VersionNumber", spec.get("Version", ""))),
             "ami": str(current.get("LaunchTemplateData", {}).get("ImageId", "")),
         }
