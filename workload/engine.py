@@ -223,6 +223,7 @@ class TrainStep:
             loss = self.backend.all_reduce_sum(loss) / self.backend.world_size
         self._loss_sum = self._loss_sum + loss
         self._loss_count += 1
+        del inputs, outputs  # not graph outputs: a tensor alive at a sync is materialized
         if self.graphs_per_step == 2:
             self.backend.sync()  # graph 1 of 2: forward + backward
         self.backend.optimizer_step(self.optimizer, self._parameters, self.max_grad_norm)
