@@ -286,8 +286,6 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
             raise UsageError(f"--lines {args.lines} is not allowed: use 1 to 10000")
     if command == "export":
         check_number("--timeout", args.timeout, low=0, strict=True)
-    if command == "rehearse" and not 1 <= args.nodes <= 64:
-        raise UsageError(f"--nodes {args.nodes} is not allowed: use 1 to 64")
 
 
 # ------------------------------------------------------------------------- commands

@@ -81,7 +81,6 @@ def no_aws(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (["train", "--max-retries", "two"],
          "cluster.py train: argument --max-retries: invalid int value: 'two' (see --help)"),
         (["train", "--bogus"], "cluster.py: unrecognized arguments: --bogus (see --help)"),
-        (["rehearse", "--nodes", "0"], "--nodes 0 is not allowed: use 1 to 64"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_in_one_line_before_any_aws_call(
