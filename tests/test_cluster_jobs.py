@@ -367,3 +367,25 @@ def test_nodes_that_all_lack_the_software_line_pass_with_a_note(aws: FakeAws) ->
     assert aws.cluster().preflight().ok
     aws.verify()
     assert "software: no node reports it (node scripts older than this CLI)" in aws.lines
+
+
+def test_cancelling_the_survivors_rides_out_throttling(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.no_refresh()
+    aws.online(nodes)
+    job = aws.send("RunTraining", nodes, train_parameters(nodes))
+    for _ in range(7):
+        aws.poll(job, nodes, ["InProgress", ("Failed", 1)])
+    aws.stubs["ssm"].add_client_error(
+        "cancel_command", service_error_code="ThrottlingException", http_status_code=400
+    )
+    cancel(aws, job, nodes[:1])
+    aws.poll(job, nodes, [("Cancelled", -1), ("Failed", 1)])
+    aws.log_tail(job, nodes[1], ["RuntimeError"])
+    aws.stop_commands([])
+
+    with pytest.raises(ClusterError, match=r"^job bert-1 failed: RunTraining failed on node 1"):
+        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    aws.verify()
+    assert any("while cancelling the command; trying again" in line for line in aws.lines)

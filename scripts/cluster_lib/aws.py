@@ -624,8 +624,12 @@ class Cluster:
                 if not ids:
                     continue
             self.out(f"cancelling command {command.command_id} on {len(ids)} nodes: {reason}")
-            with aws_errors("cancelling the command"):
-                self.clients.ssm.cancel_command(CommandId=command.command_id, InstanceIds=ids)
+            self.persist(
+                "cancelling the command",
+                functools.partial(
+                    self.clients.ssm.cancel_command, CommandId=command.command_id, InstanceIds=ids
+                ),
+            )
 
     def follow(
         self, name: str, sent: list[Sent], nodes: list[Node], *, stream_rank: int | None = None,
