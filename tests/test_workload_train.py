@@ -319,3 +319,66 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["step"] for r in events(output, "resume")] == [step]
     assert summary(output)["step"] == step + 2
+
+
+# -- resume: reading the trainer state, seeding the Neuron runtime ---------------------------
+
+
+class _Node:
+    """The parts of a Backend that ``read_in_turns`` uses, for one rank of a node."""
+
+    def __init__(self, local_rank: int, local_world_size: int) -> None:
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.barriers = 0
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+def test_trainer_state_is_read_a_few_ranks_of_a_node_at_a_time() -> None:
+    from workload.train import READERS_PER_NODE, read_in_turns
+
+    assert READERS_PER_NODE == 4
+    turn_of = {}
+    for local_rank in range(32):
+        node: Any = _Node(local_rank, 32)
+        read_in_turns(node, lambda n=node, r=local_rank: turn_of.setdefault(r, n.barriers))
+        assert node.barriers == 8  # every rank passes every turn's barrier
+    assert [turn_of[r] for r in range(32)] == [r // 4 for r in range(32)]
+
+
+def test_a_read_error_on_one_rank_is_raised_after_every_turn() -> None:
+    from workload.checkpoint import CheckpointError
+    from workload.train import SharedError, read_in_turns
+
+    node: Any = _Node(1, 8)
+
+    def broken() -> None:
+        raise CheckpointError("step_00000008/trainer_state.pt: not a trainer state")
+
+    with pytest.raises(SharedError, match="not a trainer state"):
+        read_in_turns(node, broken)
+    assert node.barriers == 2
+
+
+def test_the_stochastic_rounding_seed_follows_the_seed_and_the_resume_step(tmp_path: Path) -> None:
+    from workload.checkpoint import REQUIRED_FILES
+    from workload.config import parse_config
+    from workload.train import stochastic_rounding_seed
+
+    def seed_for(seed: int) -> str:
+        args = ["--data", "d", "--output", str(tmp_path), "--seed", str(seed)]
+        return stochastic_rounding_seed(parse_config(args))
+
+    fresh = seed_for(7)
+    assert fresh == str(7 * 1_000_003) and fresh == seed_for(7)
+    assert seed_for(8) != fresh
+    checkpoint = tmp_path / "checkpoints" / "step_00000120"
+    checkpoint.mkdir(parents=True)
+    for name in REQUIRED_FILES:
+        (checkpoint / name).touch()
+    assert seed_for(7) == str(7 * 1_000_003 + 120)

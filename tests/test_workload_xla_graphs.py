@@ -113,6 +113,9 @@ def test_batches_without_padding_compile_nothing_new_and_steps_read_nothing_back
 
     for fresh, resumed in (padded, mixed):
         assert resumed["resumed_from"].endswith("step_00000012")
+        # Each leg seeds the Neuron runtime's stochastic rounding from --seed and its step.
+        seeds = [r["environment"]["NEURON_RT_STOCHASTIC_ROUNDING_SEED"] for r in (fresh, resumed)]
+        assert seeds == [str(5 * 1_000_003), str(5 * 1_000_003 + 12)]
         for run in (fresh, resumed):
             assert run["graphs_per_step"] == 1
             assert run["xla_compiles_after_warmup"] == 0

@@ -40,6 +40,7 @@ PRECISION_CHOICES = ("auto", "bf16", "fp32")
 NEURON_ENV_VARS = (
     "NEURON_CC_FLAGS",
     "NEURON_RT_STOCHASTIC_ROUNDING_EN",
+    "NEURON_RT_STOCHASTIC_ROUNDING_SEED",
     "NEURON_COMPILE_CACHE_URL",
     "NEURON_EXTRACT_GRAPHS_ONLY",
     "NEURON_RT_ROOT_COMM_ID",
@@ -187,6 +188,16 @@ class Backend:
             device_ids = [self.device.index] if self.kind == "cuda" else None
             model = DistributedDataParallel(model, device_ids=device_ids)
         return model
+
+    def broadcast_parameters(self, model: nn.Module) -> None:
+        """Rank 0's parameters and buffers on every rank, so that identical weights do not
+        rest on identical seeded initialisation alone. On xla ``xm.broadcast_master_param``
+        (one graph at start; the per-rank scale is device data, so every rank traces the
+        same graph); on cuda/cpu DDP broadcasts when it wraps the model."""
+        if self.kind == "xla" and self.world_size > 1:
+            import torch_xla.core.xla_model as xm
+
+            xm.broadcast_master_param(model)
 
     @staticmethod
     def unwrap(model: nn.Module) -> nn.Module:

@@ -31,6 +31,7 @@ from workload.backend import (
     BackendError,
     graphs_only,
     neuron_environment,
+    resolve_device_kind,
     setup_backend,
 )
 from workload.checkpoint import (
@@ -127,6 +128,45 @@ class StopRequest:
 
 class SharedError(RuntimeError):
     """A user error that one rank found and every rank raises (printed once, by rank 0)."""
+
+
+#: Processes of a node that read a checkpoint's trainer state at the same time on resume.
+#: Every rank needs the whole optimizer state; 32 ranks reading it at once from the shared
+#: file system multiply the read and the host memory it takes by 32.
+READERS_PER_NODE = 4
+
+
+def read_in_turns(backend: Backend, read: Callable[[], T]) -> T:
+    """``read()`` on every rank, ``READERS_PER_NODE`` local ranks at a time.
+
+    Every rank passes the same barriers (nodes have the same number of processes); a user
+    error on one rank is raised on every rank after the last turn, so none waits forever.
+    """
+    turns = -(-backend.local_world_size // READERS_PER_NODE)
+    result: T | None = None
+    error: str | None = None
+    for turn in range(turns):
+        if backend.local_rank // READERS_PER_NODE == turn:
+            try:
+                result = read()
+            except USER_ERRORS as exc:
+                error = str(exc)
+        backend.barrier()
+    errors = [message for message in backend.all_gather_object(error) if message is not None]
+    if errors:
+        raise SharedError(errors[0])
+    return result  # type: ignore[return-value]
+
+
+def stochastic_rounding_seed(config: TrainConfig) -> str:
+    """The Neuron runtime's stochastic-rounding seed for this process: from ``--seed`` and
+    the step the job resumes from. The runtime seeds it from NEURON_RT_STOCHASTIC_ROUNDING_SEED
+    (0 when unset) when it starts and exposes no state to save, so a resumed leg cannot
+    continue the uninterrupted run's stream; with this seed each leg is reproducible (the
+    same checkpoint and seed give the same rounding) and legs do not repeat one stream."""
+    latest = latest_checkpoint(Path(config.output).expanduser())
+    step = int(latest.name.removeprefix("step_")) if latest is not None else 0
+    return str((config.seed * 1_000_003 + step) % 2**31)
 
 
 def setup_logging(rank: int) -> None:
@@ -268,6 +308,7 @@ class Run:
         self.parameters = sum(p.numel() for p in model.parameters())
         self.model = backend.prepare_model(model)
         self.bare = backend.unwrap(self.model)
+        backend.broadcast_parameters(self.bare)
 
         self.train_batches = TrainBatches(
             len(self.train_split), config.batch_size, backend.rank, backend.world_size, config.seed
@@ -317,7 +358,7 @@ class Run:
 
     def _restore(self, path: Path) -> None:
         config, backend = self.config, self.backend
-        state = load_trainer_state(path)
+        state = read_in_turns(backend, lambda: load_trainer_state(path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
@@ -608,6 +649,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         return _fail(exc, 2, show=rank == 0)
     try:
+        if resolve_device_kind(config.device) == "xla":
+            # Read by the Neuron runtime when the XLA device starts (in setup_backend); an
+            # operator's own value wins.
+            os.environ.setdefault(
+                "NEURON_RT_STOCHASTIC_ROUNDING_SEED", stochastic_rounding_seed(config)
+            )
         backend = setup_backend(config.device, config.precision)
     except BackendError as exc:
         return _fail(exc, 2, show=rank == 0)
