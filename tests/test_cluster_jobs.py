@@ -5,6 +5,7 @@ of `logs --follow`, and `stop` leaving no command of the job running."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,6 +62,11 @@ def test_64_nodes_get_two_commands_of_at_most_50_with_the_whole_host_list(aws: F
     aws.poll(second, nodes[50:], ["InProgress"] * 14)
     aws.all_succeed(first, nodes[:50])
     aws.all_succeed(second, nodes[50:])
+    comments: list[str] = []
+    aws.clients.ssm.meta.events.register(
+        "before-parameter-build.ssm.SendCommand",
+        lambda params, **_: comments.append(params["Comment"]),
+    )
 
     result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
 
@@ -72,6 +78,9 @@ def test_64_nodes_get_two_commands_of_at_most_50_with_the_whole_host_list(aws: F
     assert {inv.command_id for inv in result.invocations[50:]} == {second}
     assert f"RunTraining: commands {first}, {second} sent to 64 nodes" in aws.lines
     assert "job bert-1 finished on all 64 nodes" in aws.lines
+    # One comment for the attempt, with a token of its own, then the part.
+    assert re.fullmatch(r"bert-1 attempt 1 #[0-9a-f]{6} part 1/2", comments[0])
+    assert comments[1] == comments[0].replace("part 1/2", "part 2/2")
     aws.verify()
 
 
@@ -311,16 +320,18 @@ def test_logs_of_a_job_cover_every_batch_of_its_latest_attempt(aws: FakeAws) -> 
     first, second, older = (f"00000000-0000-4000-8000-00000000000{n}" for n in (1, 2, 3))
     from datetime import UTC, datetime
 
+    # The older command is a batch of an earlier `train` of the same job: same attempt number,
+    # another token.
     aws.stubs["ssm"].add_response(
         "list_commands",
         {"Commands": [
-            {"CommandId": older, "Comment": "bert-1 attempt 1 part 1/2",
+            {"CommandId": older, "Comment": "bert-1 attempt 2 #0a1b2c part 1/2",
              "RequestedDateTime": datetime(2026, 5, 1, tzinfo=UTC),
              "Parameters": {"JobId": ["bert-1"]}},
-            {"CommandId": first, "Comment": "bert-1 attempt 2 part 1/2",
+            {"CommandId": first, "Comment": "bert-1 attempt 2 #3d4e5f part 1/2",
              "RequestedDateTime": datetime(2026, 5, 2, tzinfo=UTC),
              "Parameters": {"JobId": ["bert-1"]}},
-            {"CommandId": second, "Comment": "bert-1 attempt 2 part 2/2",
+            {"CommandId": second, "Comment": "bert-1 attempt 2 #3d4e5f part 2/2",
              "RequestedDateTime": datetime(2026, 5, 2, tzinfo=UTC),
              "Parameters": {"JobId": ["bert-1"]}},
         ]},

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import ipaddress
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -589,9 +590,12 @@ class Cluster:
         document.check(parameters)
         outputs = self.outputs()
         groups = batches(nodes)
+        # The batches of one send share a comment with a token of their own (so `logs` finds
+        # them together, and not a later run's batches), then ` part i/k`.
+        token = f" #{secrets.token_hex(3)}" if len(groups) > 1 else ""
         sent: list[Sent] = []
         for index, group in enumerate(groups, start=1):
-            part = f" part {index}/{len(groups)}" if len(groups) > 1 else ""
+            part = f"{token} part {index}/{len(groups)}" if len(groups) > 1 else ""
             try:
                 with aws_errors(f"sending {name}"):
                     response = self.clients.ssm.send_command(
@@ -1063,7 +1067,7 @@ class Cluster:
 
     def latest_commands(self, job_id: str, document: str = "RunTraining") -> list[str]:
         """The command IDs of the job's latest attempt: its newest command and the other
-        batches sent with it (same comment but for the ` part i/k` suffix)."""
+        batches sent with it (same comment, token included, but for the ` part i/k` suffix)."""
         mine: list[dict[str, Any]] = []
         with aws_errors("listing commands"):
             paginator = self.clients.ssm.get_paginator("list_commands")
