@@ -337,6 +337,7 @@ def cmd_status(cluster: Any) -> int:
         out(f"launch template: unknown ({error})")
     nodes, starting = cluster.running_nodes()
     status = cluster.ssm_status(nodes)
+    software = cluster.reported_software() if nodes else {}
     out(f"nodes: {len(nodes)} running of {outputs['NodeCount']}, {starting} starting")
     stale = 0
     for rank, node in enumerate(nodes):
@@ -349,7 +350,8 @@ def cmd_status(cluster: Any) -> int:
         out(
             f"  {rank:>3}  {node.instance_id:<20} {node.address:<15} {node.zone:<12} "
             f"ssm {status.get(node.instance_id, 'not registered'):<15} "
-            f"{node.image_id or '-':<21} template v{version:<4} launched {launched}"
+            f"{node.image_id or '-':<21} template v{version:<4} "
+            f"software {software.get(node.instance_id, '?'):<16} launched {launched}"
             + ("  (older launch template)" if old else "")
         )
     if stale:

@@ -17,6 +17,7 @@ from scripts.cluster_lib import ClusterError
 from tests.cluster_support import (
     OUTPUTS,
     REGION,
+    SOFTWARE,
     TRAIN_ARGS,
     FakeAws,
     capture,
@@ -403,6 +404,23 @@ def test_status_lists_nodes_with_their_ami_and_template_version_and_recent_comma
         {"AutoScalingGroupNames": ["trainium-workers"]},
     )  # fmt: skip
     aws.online(nodes, {nodes[1]["InstanceId"]: "ConnectionLost"})
+    # The latest preflight's output names node 0's software; node 1 was not in it.
+    check = "00000000-0000-4000-8000-000000000009"
+    aws.stubs["ssm"].add_response(
+        "list_commands",
+        {"Commands": [{"CommandId": check, "Comment": "trainium preflight",
+                       "RequestedDateTime": datetime(2026, 5, 1, 12, 0, tzinfo=UTC)}]},
+        {"Filters": [{"key": "DocumentName", "value": OUTPUTS["PreflightDocumentName"]}],
+         "MaxResults": 10},
+    )  # fmt: skip
+    aws.stubs["ssm"].add_response(
+        "list_command_invocations",
+        {"CommandInvocations": [{
+            "CommandId": check, "InstanceId": nodes[0]["InstanceId"], "Status": "Success",
+            "CommandPlugins": [{"Name": "Preflight", "Output": "ok\n" + SOFTWARE + "\n"}],
+        }]},
+        {"CommandId": check, "Details": True},
+    )  # fmt: skip
     aws.no_refresh()
     when = datetime(2026, 5, 1, 12, 30, tzinfo=UTC)
     for name in ("RunTraining", "Preflight", "Precompile", "StopTraining"):
@@ -437,6 +455,8 @@ def test_status_lists_nodes_with_their_ami_and_template_version_and_recent_comma
     assert "template v2" in rows[old[0]["InstanceId"]]
     assert "template v3" in rows[new[0]["InstanceId"]]
     assert all(row.endswith("(older launch template)") for row in rows.values())
+    assert "software 0123456789abcdef" in rows[nodes[0]["InstanceId"]]
+    assert "software ?" in rows[nodes[1]["InstanceId"]]
     assert printed[5] == (
         "2 of 2 nodes do not run launch template version 3: roll the fleet with "
         "`cluster.py roll` when no job runs"

@@ -1048,6 +1048,39 @@ class Cluster:
         return found
 
     # ------------------------------------------------------------- inspection
+    def reported_software(self) -> dict[str, str]:
+        """Each instance's SOFTWARE_VERSION as the latest Preflight (every batch of it)
+        reported it (contract C3), from the first 2,500 characters of its output."""
+        with aws_errors("listing Preflight commands"):
+            commands = self.clients.ssm.list_commands(
+                Filters=[{"key": "DocumentName", "value": self.outputs().document("Preflight")}],
+                MaxResults=10,
+            )["Commands"]
+        if not commands:
+            return {}
+        oldest = datetime.min.replace(tzinfo=UTC)
+        newest = max(commands, key=lambda c: c.get("RequestedDateTime") or oldest)
+
+        def attempt(command: dict[str, Any]) -> str:
+            return str(command.get("Comment", "")).rsplit(" part ", 1)[0]
+
+        found: dict[str, str] = {}
+        with aws_errors("reading the latest preflight"):
+            paginator = self.clients.ssm.get_paginator("list_command_invocations")
+            for command in commands:
+                if command is not newest and attempt(command) != attempt(newest):
+                    continue
+                for page in paginator.paginate(CommandId=command["CommandId"], Details=True):
+                    for invocation in page["CommandInvocations"]:
+                        text = "\n".join(
+                            plugin.get("Output", "")
+                            for plugin in invocation.get("CommandPlugins", [])
+                        )
+                        match = SOFTWARE_LINE.search(text)
+                        if match:
+                            found[invocation["InstanceId"]] = match["version"]
+        return found
+
     def recent_commands(self, limit: int = 8) -> list[dict[str, Any]]:
         outputs = self.outputs()
         commands: list[dict[str, Any]] = []
