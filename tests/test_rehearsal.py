@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from scripts.cluster import main as cluster_main
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.aws import Cluster
 from scripts.cluster_lib.localcloud import job_processes, local_cloud
@@ -288,6 +289,59 @@ def test_a_leg_that_reaches_its_time_limit_saves_and_the_next_leg_resumes(
         assert 0 < stopped[0]["step"] < 1500
         assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 1500
         assert gone(job), job_processes(job)
+
+
+class Cli(threading.Thread):
+    """`cluster.py <argv>` (its main, in this process) against the stand-in."""
+
+    def __init__(self, cloud: Any, *argv: str) -> None:
+        super().__init__(daemon=True)
+        self.argv = ["--cluster-name", cloud.cluster_name, "--poll-interval", "0.5", *argv]
+        self.session = cloud.session()
+        self.code: int | None = None
+
+    def run(self) -> None:
+        command, *rest = self.argv[4:]
+        self.code = cluster_main([command, *self.argv[:4], *rest], session=self.session)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_stop_and_logs_through_the_cli_leave_no_process_behind(
+    tmp_path: Path, sample_data: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`cluster.py train`, `logs --follow` and `stop` as an operator types them: stop ends
+    every process of the job on every node, train does not retry a stopped job, and
+    `logs --follow` ends when the command has ended."""
+    job = "stopme"
+    args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "5",
+                      "--eval-every", "5000", "--log-every", "5")  # fmt: skip
+    with stand_in(tmp_path) as cloud:
+        train = Cli(cloud, "train", "--job-id", job, "--max-retries", "2", "--retry-delay", "1",
+                    "--", *args)  # fmt: skip
+        train.start()
+        job_dir = tmp_path / "jobs" / job
+        deadline = time.monotonic() + 400
+        while not checkpoints(job_dir):
+            assert time.monotonic() < deadline and train.is_alive(), capfd.readouterr().out
+            time.sleep(0.2)
+        follow = Cli(cloud, "logs", "--job-id", job, "--follow")
+        follow.start()
+        stop = Cli(cloud, "stop", "--job-id", job)
+        stop.run()
+        assert stop.code == 0, capfd.readouterr()
+        train.join(timeout=300)
+        follow.join(timeout=120)
+        captured = capfd.readouterr()
+        assert not train.is_alive() and train.code not in (None, 0), captured.out + captured.err
+        assert not follow.is_alive(), "logs --follow did not end with the command"
+        assert follow.code == 0, captured.err
+        assert f"job {job} was stopped" in captured.err, captured.err
+        assert "retrying" not in captured.out
+        assert "[launch " in captured.out  # logs printed the nodes' launch.sh output
+        assert gone(job), job_processes(job)
+        stops = [c for c in cloud.commands.values() if c.document.endswith("StopTraining")]
+        assert [i.status()["status"] for i in stops[0].invocations.values()] == ["Success"] * 2
 
 
 @pytest.mark.slow

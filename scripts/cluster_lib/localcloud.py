@@ -363,20 +363,22 @@ class LocalCloud:
         return next((i for i in self.instances if i.instance_id == instance_id), None)
 
     # --------------------------------------------------------------- clients
-    def clients(self) -> Any:
-        """The CLI's Clients, built by its own factory, answered by this stand-in."""
+    def session(self) -> Any:
+        """A boto3 Session whose clients this stand-in answers (for `cluster.main(session=)`)."""
         import boto3
-
-        from scripts.cluster_lib.aws import Clients
 
         session = boto3.Session(
             aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal", region_name=REGION
         )
-        clients = Clients.from_session(session)
-        for client in vars(clients).values():
-            client.meta.events.register("before-parameter-build.*.*", self._keep_params)
-            client.meta.events.register("before-call.*.*", self._answer)
-        return clients
+        session.events.register("before-parameter-build.*.*", self._keep_params)
+        session.events.register("before-call.*.*", self._answer)
+        return session
+
+    def clients(self) -> Any:
+        """The CLI's Clients, built by its own factory, answered by this stand-in."""
+        from scripts.cluster_lib.aws import Clients
+
+        return Clients.from_session(self.session())
 
     @staticmethod
     def _keep_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
