@@ -131,6 +131,7 @@ def test_retries_rerun_preflight_and_relaunch_the_same_job_id(aws: FakeAws) -> N
     aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
     aws.log_tail(job, nodes[0], ["NEURON_RT error: collective timeout"])
     aws.stop_commands([])
+    aws.stop_commands([])  # again after the retry delay
     # Attempt 2: nodes checked again, preflight again, the same job ID again.
     aws.no_refresh()
     aws.online(nodes)
@@ -152,13 +153,15 @@ def test_retries_rerun_preflight_and_relaunch_the_same_job_id(aws: FakeAws) -> N
 def test_retries_give_up_after_max_retries(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
-    for _ in range(2):
+    for attempt in range(2):
         aws.no_refresh()
         aws.online(nodes)
         job = aws.send("RunTraining", nodes, train_parameters(nodes))
         aws.poll(job, nodes, [("Failed", 137), ("Failed", 1)])
         aws.log_tail(job, nodes[0], ["Killed"])
         aws.stop_commands([])
+        if attempt == 0:
+            aws.stop_commands([])  # again after the retry delay
 
     with pytest.raises(
         ClusterError, match=r"^job bert-1 failed after 1 retries: RunTraining failed on node 0"
@@ -653,3 +656,24 @@ def test_waiting_for_nodes_and_checking_for_a_stop_ride_out_throttling(aws: Fake
         "AWS is throttling or unavailable (ThrottlingException) while listing StopTraining "
         "commands; trying again for up to 1800 s",
     ]
+
+
+def test_a_stop_during_the_retry_delay_is_not_relaunched(aws: FakeAws) -> None:
+    nodes = aws.launch(2)
+    aws.stack()
+    aws.no_refresh()
+    aws.online(nodes)
+    job = aws.send("RunTraining", nodes, train_parameters(nodes))
+    aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
+    aws.log_tail(job, nodes[0], ["collective timeout"])
+    aws.stop_commands([])
+    stop = "00000000-0000-4000-8000-00000000bbbb"
+    aws.stop_commands([{"CommandId": stop, "Parameters": {"JobId": ["bert-1"]}}])
+
+    with pytest.raises(ClusterError) as error:
+        aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=3, skip_preflight=True, stream=False)
+    assert str(error.value) == (
+        f"job bert-1 was stopped (StopTraining command {stop}) while waiting to retry; not "
+        "relaunching it"
+    )
+    aws.verify()  # and no second RunTraining

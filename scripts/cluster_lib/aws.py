@@ -886,8 +886,10 @@ class Cluster:
             f"the job keeps running on the nodes: follow it with `cluster.py logs --job-id "
             f"{job_id} --follow`, stop it with `cluster.py stop --job-id {job_id}`"
         )
+        # A StopTraining for this job sent at any time after this call began ends it, also
+        # one sent while it waits between attempts.
+        job_started = datetime.now(UTC)
         while True:
-            started = datetime.now(UTC)
             self.wait_for_refresh()
             nodes = self.wait_for_nodes()
             failure: CommandResult | None = None
@@ -917,7 +919,7 @@ class Cluster:
                     self.out(f"job {job_id} finished on all {len(nodes)} nodes")
                     return result
                 failure = result
-            stopper = self.stop_requested(job_id, started)
+            stopper = self.stop_requested(job_id, job_started)
             if stopper:
                 raise ClusterError(
                     f"job {job_id} was stopped (StopTraining command {stopper}); not retrying. "
@@ -940,6 +942,12 @@ class Cluster:
                 "(preflight, then the same job ID, which resumes from its latest checkpoint)"
             )
             self.sleep(retry_delay)
+            stopper = self.stop_requested(job_id, job_started)
+            if stopper:
+                raise ClusterError(
+                    f"job {job_id} was stopped (StopTraining command {stopper}) while waiting to "
+                    "retry; not relaunching it"
+                )
 
     def _handle_unhealthy(self, check: CommandResult, replace: bool) -> None:
         for inv in check.failed:
