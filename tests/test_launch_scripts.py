@@ -587,7 +587,7 @@ def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
     assert "nccom-multinode" not in output
     assert "PASS neuron: 16 Neuron devices, 32 NeuronCores, all idle" in output
     assert (node.root / "nccom.log").read_text().startswith("allr -r 32 -b 8 -e 1MB")
-    assert result.stdout.splitlines()[-1] == (
+    assert result.stdout.splitlines()[0] == (
         "node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
         "ami=ami-0123456789abcdef0"
     )

@@ -270,7 +270,7 @@ require_ready() {
 # survives re-parenting when a launcher dies and new sessions (torchrun starts each worker
 # with start_new_session=True). job_pids <job-id|*> [node-address] [leg]; "*" matches any job.
 job_pids() {
-  local job=$1 node=${2:-} leg=${3:-} files pid
+  local job=$1 node=${2:-} leg=${3:-} files pid own_net
   if [[ $job == "*" ]]; then
     files=$(grep -lzE "^TRAINIUM_JOB_ID=.+" /proc/[0-9]*/environ 2>/dev/null || true)
   else
@@ -285,10 +285,13 @@ job_pids() {
     # shellcheck disable=SC2086
     files=$(grep -lzxF "TRAINIUM_LEG=$leg" $files 2>/dev/null || true)
   fi
+  own_net=$(readlink /proc/self/ns/net 2>/dev/null || true)
   for pid in $files; do
     pid=${pid#/proc/}
     pid=${pid%/environ}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    # Only this node's: a rehearsal runs several nodes (network namespaces) on one machine.
+    [[ $(readlink "/proc/$pid/ns/net" 2>/dev/null || true) == "$own_net" ]] || continue
     [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true) == Z ]] && continue
     echo "$pid"
   done

@@ -216,6 +216,8 @@ check_collective() {
 }
 
 log "preflight on node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS)"
+# First on stdout, so that it is within the part of the output SSM keeps and shows.
+echo "node-software: version=${SOFTWARE_VERSION:-unknown} launch-template-version=${LAUNCH_TEMPLATE_VERSION:-unknown} ami=${AMI_ID:-unknown}"
 check_ready
 check_neuron
 if [[ -z $nproc_arg ]]; then
@@ -236,7 +238,6 @@ export_job_environment
 # Every node joins the collective even after a local failure, so that the others do not
 # wait for it until their rendezvous times out.
 check_collective
-echo "node-software: version=${SOFTWARE_VERSION:-unknown} launch-template-version=${LAUNCH_TEMPLATE_VERSION:-unknown} ami=${AMI_ID:-unknown}"
 
 if ((${#failures[@]})); then
   log "preflight FAILED on $NODE_ADDRESS: ${failures[*]}"
