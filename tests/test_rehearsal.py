@@ -24,6 +24,7 @@ from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.aws import Cluster
 from scripts.cluster_lib.localcloud import job_processes, local_cloud
 from scripts.cluster_lib.rehearsal import NetnsHosts, Rehearsal, RunningCommand
+from tests.test_launch_scripts import alive
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = re.compile(r"^step_(\d{8})$")
@@ -70,12 +71,12 @@ def checkpoints(job_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+def with_sample_data(output: Path, sample_data: Path) -> Path:
+    """An output folder whose data/ holds the module's sample data set."""
+    (output / "data").mkdir(parents=True)
+    for path in sample_data.iterdir():
+        (output / "data" / path.name).write_bytes(path.read_bytes())
+    return output
 
 
 def events(rehearsal: Rehearsal, job_id: str, kind: str) -> list[dict[str, Any]]:
@@ -353,10 +354,7 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
     the stand-in, which runs the real documents on the namespaced nodes."""
     if not NetnsHosts.available():
         pytest.skip("needs root and iproute2")
-    output = tmp_path / "rehearsal"
-    (output / "data").mkdir(parents=True)
-    for path in sample_data.iterdir():
-        (output / "data" / path.name).write_bytes(path.read_bytes())
+    output = with_sample_data(tmp_path / "rehearsal", sample_data)
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), "rehearse", "--nodes", "2",
          "--mode", "netns", "--output", str(output), "--job-id", "cli", "--quiet",
@@ -377,10 +375,7 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
 @pytest.mark.slow
 def test_cluster_py_rehearse_on_loopback_addresses(tmp_path: Path, sample_data: Path) -> None:
     """The user-facing command, in the mode that needs no privileges."""
-    output = tmp_path / "rehearsal"
-    (output / "data").mkdir(parents=True)
-    for path in sample_data.iterdir():
-        (output / "data" / path.name).write_bytes(path.read_bytes())
+    output = with_sample_data(tmp_path / "rehearsal", sample_data)
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), "rehearse", "--nodes", "2",
          "--mode", "loopback", "--output", str(output), "--job-id", "cli", "--quiet",

@@ -24,9 +24,7 @@ import contextlib
 import hashlib
 import itertools
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -39,7 +37,7 @@ from typing import Any
 
 from scripts.cluster_lib import REPO_ROOT, ClusterError
 from scripts.cluster_lib.documents import DOCUMENT_NAMES, Document, load
-from scripts.cluster_lib.rehearsal import NetnsHosts
+from scripts.cluster_lib.rehearsal import NetnsHosts, _tagged_pids
 from scripts.cluster_lib.ssm_agent import (
     MAX_STDERR_LENGTH,
     MAX_STDOUT_LENGTH,
@@ -881,22 +879,13 @@ def local_cloud(nodes: int, output: Path, **options: Any) -> Iterator[LocalCloud
 
 
 def job_processes(job_id: str) -> list[int]:
-    """PIDs on this machine tagged with the job (any node): what must be gone after a stop."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if f"TRAINIUM_JOB_ID={job_id}".encode() in environ and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+    """PIDs on this machine tagged with the job (any node), zombies left out: what must be
+    gone after a cancel or a stop."""
+    return [pid for pid in _tagged_pids(job_id, None) if _alive(pid)]
 
 
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
