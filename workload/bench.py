@@ -10,8 +10,12 @@ batches, and in the same process, on the same device, with the same model and ba
   reason, where it is missing, and on XLA, where Trainium uses optimum-neuron's trainer).
 
 Paths run in interleaved rounds (A B C, B C A, ...) so that drift on a shared machine hits
-them alike. Warm-up steps (and, on XLA, the graph compilations they trigger) are timed
-separately and left out of the throughput. Models are built from configs, never downloaded::
+them alike. Warm-up steps (and the graph compilations they trigger: XLA graphs,
+``torch.compile`` graphs) are timed separately and left out of the throughput. Each round
+is one block of ``--steps`` steps timed from a finished device to a finished device: the
+host never waits for the device inside a block, so the throughput is the asynchronous one
+the trainer gets (the host queues the next step while the device runs this one).
+Models are built from configs, never downloaded::
 
     python workload/bench.py --model tiny --model bert-base --output build/bench
 
@@ -23,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import platform
 import resource
@@ -104,7 +110,8 @@ class PathResult:
     steps: int = 0
     samples_per_second: float | None = None  # batch / median step time
     samples_per_second_mean: float | None = None  # all timed samples / all timed time
-    tokens_per_second: float | None = None
+    tokens_per_second: float | None = None  # every position, padding included
+    useful_tokens_per_second: float | None = None  # non-padding positions only
     step_ms_median: float | None = None
     step_ms_p10: float | None = None
     step_ms_p90: float | None = None
@@ -118,8 +125,17 @@ class PathResult:
     compilations_warmup: int | None = None
     compilations_measured: int | None = None
     compile_seconds: float | None = None
+    # torch.compile (cuda, cpu): graphs Dynamo produced, graph breaks, recompilations.
+    dynamo_graphs: int | None = None
+    dynamo_graph_breaks: int | None = None
+    dynamo_recompiles: int | None = None
+    dynamo_graphs_timed: int | None = None  # graphs compiled during timed blocks
+    graph_break_reasons: list[str] = field(default_factory=list)
+    recompile_reasons: list[str] = field(default_factory=list)
     ratio_vs_plain: float | None = None
     ratio_vs_hf_trainer: float | None = None
+    profile: dict[str, Any] | None = None  # --profile-steps: device time by kind of kernel
+    #: Mean step time of each timed block (one block per round).
     step_seconds: list[float] = field(default_factory=list)
 
 
@@ -135,8 +151,9 @@ class Runner:
         self.backend = backend
         self.features: list[str] = []
 
-    def run(self, steps: int, skip: int) -> list[float]:
-        """Take ``skip + steps`` steps; return the wall time of the last ``steps``."""
+    def run(self, steps: int, skip: int) -> float:
+        """Take ``skip + steps`` steps; return the wall time of the last ``steps``, from a
+        finished device to a finished device, with no wait for the device between them."""
         raise NotImplementedError
 
     def resident_bytes(self) -> int:
@@ -166,7 +183,8 @@ def _state_bytes(
 
 
 class StepRunner(Runner):
-    """Calls a step function on pre-made device batches, waiting for the device each step."""
+    """Calls a step function on pre-made device batches; waits for the device only at the
+    edges of a timed block."""
 
     def __init__(
         self,
@@ -183,17 +201,20 @@ class StepRunner(Runner):
         self.optimizer = optimizer
         self.taken = 0
 
-    def run(self, steps: int, skip: int) -> list[float]:
-        times = []
-        for i in range(skip + steps):
-            batch = self.batches[self.taken % len(self.batches)]
-            self.taken += 1
-            start = time.perf_counter()
-            self.step(batch)
-            self.backend.wait()
-            if i >= skip:
-                times.append(time.perf_counter() - start)
-        return times
+    def _take(self) -> None:
+        batch = self.batches[self.taken % len(self.batches)]
+        self.taken += 1
+        self.step(batch)
+
+    def run(self, steps: int, skip: int) -> float:
+        for _ in range(skip):
+            self._take()
+        self.backend.wait()
+        start = time.perf_counter()
+        for _ in range(steps):
+            self._take()
+        self.backend.wait()
+        return time.perf_counter() - start
 
     def resident_bytes(self) -> int:
         return _state_bytes(self.model, self.optimizer, self.backend.device)
@@ -229,7 +250,7 @@ def trainer_runner(
         f"{backend.precision} autocast" if backend.autocast_dtype is not None else "fp32",
         "fused AdamW"
         if defaults.get("fused")
-        else ("foreach AdamW" if defaults.get("foreach") else "AdamW"),
+        else " ".join([k for k in ("capturable", "foreach") if defaults.get(k)] + ["AdamW"]),
         f"{_attention(model)} attention",
     ]
     if step.compiled:
@@ -292,6 +313,9 @@ class HfTrainerRunner(Runner):
             for i in range(len(next(iter(batch.values()))))
         ]
         bf16 = backend.autocast_dtype == torch.bfloat16
+        # Its best settings on a GPU: bf16, fused AdamW (the default optim), SDPA attention
+        # (the model's), and torch.compile where the trainer compiles too.
+        compile_ = backend.kind == "cuda" and config.compile != "off"
         args = TrainingArguments(
             output_dir=str(workdir),
             per_device_train_batch_size=config.batch_size,
@@ -300,6 +324,7 @@ class HfTrainerRunner(Runner):
             max_grad_norm=config.max_grad_norm,
             max_steps=1,
             bf16=bf16,
+            torch_compile=compile_,
             use_cpu=backend.kind == "cpu",
             report_to="none",
             save_strategy="no",
@@ -308,19 +333,22 @@ class HfTrainerRunner(Runner):
             dataloader_drop_last=True,
             seed=config.seed,
         )
-        self.times: list[float] = []
         runner = self
+        self._skip = 0
+        self._start = self._end = 0.0
 
         class _Timer(TrainerCallback):
-            def on_step_begin(self, *_: Any, **__: Any) -> None:
-                runner.backend.wait()
-                runner._start = time.perf_counter()
+            # Waits for the device before the first timed step and after the last one only.
+            def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                if state.global_step == runner._skip:
+                    runner.backend.wait()
+                    runner._start = time.perf_counter()
 
-            def on_step_end(self, *_: Any, **__: Any) -> None:
-                runner.backend.wait()
-                runner.times.append(time.perf_counter() - runner._start)
+            def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                if state.global_step == state.max_steps:
+                    runner.backend.wait()
+                    runner._end = time.perf_counter()
 
-        self._start = 0.0
         self.trainer = Trainer(
             model=model, args=args, train_dataset=_ListDataset(examples), callbacks=[_Timer()]
         )
@@ -332,16 +360,18 @@ class HfTrainerRunner(Runner):
             f"optim={getattr(args.optim, 'value', args.optim)}",
             f"{_attention(model)} attention",
         ]
+        if compile_:
+            self.features.append("torch.compile")
 
-    def run(self, steps: int, skip: int) -> list[float]:
+    def run(self, steps: int, skip: int) -> float:
         # Every train() builds a new optimizer, so its first step (state allocation) is
         # always skipped.
-        skip = max(skip, 1)
-        self.times = []
-        self.trainer.args.max_steps = skip + steps
+        self._skip = max(skip, 1)
+        self._start = self._end = 0.0
+        self.trainer.args.max_steps = self._skip + steps
         with _quiet_transformers():
             self.trainer.train()
-        return self.times[skip:]
+        return self._end - self._start if steps else 0.0
 
     def resident_bytes(self) -> int:
         return _state_bytes(self.model, None, self.backend.device)
@@ -392,14 +422,41 @@ def _attention(model: nn.Module) -> str:
 # -- measurement -----------------------------------------------------------------------------
 
 
+def dynamo_stats() -> dict[str, Any]:
+    """``torch.compile`` counts so far in this process: graphs Dynamo handed to the
+    backend, graph breaks (with reasons) and recompilations (with the failed guards).
+
+    From ``torch._dynamo.utils``: ``counters["stats"]["unique_graphs"]``,
+    ``counters["graph_break"]`` (reason -> count) and ``guard_failures`` (code -> the
+    guard failures that made it recompile), the counts ``torch._dynamo.explain`` reads.
+    """
+    try:
+        from torch._dynamo import utils as dynamo_utils
+    except ImportError:  # pragma: no cover - torch without Dynamo
+        return {"graphs": 0, "breaks": {}, "recompiles": []}
+    counters = dynamo_utils.counters
+    failures = getattr(dynamo_utils, "guard_failures", {})
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "breaks": dict(counters["graph_break"]),
+        "recompiles": [str(r) for reasons in failures.values() for r in reasons],
+    }
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:limit]
+
+
 class DeviceMeter:
-    """Per-segment peak memory (CUDA) and graph compilations (XLA)."""
+    """Per-segment peak memory (CUDA), graph compilations (XLA) and ``torch.compile``
+    graphs, graph breaks and recompilations (elsewhere)."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
     @contextlib.contextmanager
-    def segment(self, runner: Runner, out: dict[str, float]) -> Iterator[None]:
+    def segment(self, runner: Runner, out: dict[str, Any]) -> Iterator[None]:
         kind = self.backend.kind
         if kind == "cuda":
             torch.cuda.synchronize(self.backend.device)
@@ -408,9 +465,19 @@ class DeviceMeter:
             own = runner.resident_bytes()
         compiles = self.backend.compile_count()
         compile_s = _xla_compile_seconds() if kind == "xla" else 0.0
+        dynamo = dynamo_stats() if kind != "xla" else None
         started = time.perf_counter()
         yield
         out["seconds"] = time.perf_counter() - started
+        if dynamo is not None:
+            after = dynamo_stats()
+            out["dynamo_graphs"] = after["graphs"] - dynamo["graphs"]
+            breaks = {
+                reason: count - dynamo["breaks"].get(reason, 0)
+                for reason, count in after["breaks"].items()
+            }
+            out["dynamo_breaks"] = {r: c for r, c in breaks.items() if c > 0}
+            out["dynamo_recompiles"] = after["recompiles"][len(dynamo["recompiles"]) :]
         if kind == "cuda":
             peak = torch.cuda.max_memory_allocated(self.backend.device)
             # What this path holds plus the most it allocated on top during the segment;
@@ -443,16 +510,29 @@ def process_peak_memory(backend: Backend) -> tuple[int | None, str]:
     return rss * (1 if sys.platform == "darwin" else 1024), "process peak RSS"
 
 
-def summarize(result: PathResult, times: list[float], samples_per_step: int, seq_len: int) -> None:
-    result.steps = len(times)
-    result.step_seconds = [round(t, 6) for t in times]
-    ms = sorted(t * 1000 for t in times)
+def summarize(
+    result: PathResult,
+    blocks: list[tuple[float, int]],
+    samples_per_step: int,
+    seq_len: int,
+    useful_tokens_per_sample: float | None = None,
+) -> None:
+    """Statistics over the timed blocks (``(seconds, steps)`` each); a block's step time is
+    its mean, since the host does not wait for the device between the steps of a block."""
+    result.steps = sum(n for _, n in blocks)
+    per_step = [seconds / n for seconds, n in blocks if n > 0]
+    result.step_seconds = [round(t, 6) for t in per_step]
+    ms = sorted(t * 1000 for t in per_step)
     result.step_ms_median = statistics.median(ms)
-    # Throughput from the median step: robust to the stalls of a shared machine. The mean
+    # Throughput from the median block: robust to the stalls of a shared machine. The mean
     # over all timed steps is kept beside it.
     result.samples_per_second = samples_per_step * 1000 / result.step_ms_median
-    result.samples_per_second_mean = samples_per_step * len(times) / sum(times)
+    result.samples_per_second_mean = (
+        samples_per_step * result.steps / sum(seconds for seconds, _ in blocks)
+    )
     result.tokens_per_second = result.samples_per_second * seq_len
+    useful = seq_len if useful_tokens_per_sample is None else useful_tokens_per_sample
+    result.useful_tokens_per_second = result.samples_per_second * useful
     if len(ms) >= 2:
         deciles = statistics.quantiles(ms, n=10, method="inclusive")
         result.step_ms_p10, result.step_ms_p90 = deciles[0], deciles[-1]
@@ -460,6 +540,67 @@ def summarize(result: PathResult, times: list[float], samples_per_step: int, seq
         result.step_ms_p10 = result.step_ms_p90 = ms[0]
     result.step_ms_min, result.step_ms_max = ms[0], ms[-1]
     result.spread_percent = 100 * (result.step_ms_p90 - result.step_ms_p10) / result.step_ms_median
+
+
+#: Kernel-name patterns of each kind of device work, first match wins (lower case).
+KERNEL_KINDS = (
+    ("attention", ("fmha", "flash", "attention", "attn", "cudnn")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "sm90_", "cublas")),
+    ("optimizer", ("adam",)),
+    ("multi-tensor (grad norm, clip, zero)", ("multi_tensor", "foreach")),
+    ("inductor fused (triton)", ("triton",)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, patterns in KERNEL_KINDS:
+        if any(p in low for p in patterns):
+            return kind
+    return "other"
+
+
+def profile_runner(runner: Runner, steps: int, path: Path) -> dict[str, Any]:
+    """Profile ``steps`` timed steps of ``runner`` with ``torch.profiler``: writes the
+    kernel table to ``path``; returns device milliseconds per step by kind of kernel and
+    the fraction of the wall time the device was busy (below 1: the host is the limit)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if runner.backend.kind == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        wall = runner.run(steps, skip=0)
+    kernels = [  # device work only: no CPU ops, no annotation ranges shown on the device
+        e
+        for e in prof.events()
+        if e.device_type != torch.autograd.DeviceType.CPU
+        and not getattr(e, "is_user_annotation", False)
+        and e.time_range.elapsed_us() > 0
+    ]
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        kind = kernel_kind(e.name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + e.time_range.elapsed_us() / 1000 / steps
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy_us, end = 0.0, -math.inf
+    for lo, hi in spans:  # union of kernel intervals
+        if hi > end:
+            busy_us += hi - max(lo, end)
+            end = hi
+    on_device = runner.backend.kind == "cuda"
+    sort_by = "self_device_time_total" if on_device else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=40)
+    summary: dict[str, Any] = {"steps": steps, "wall_ms_per_step": 1000 * wall / steps}
+    if on_device:
+        summary |= {
+            "device_busy_ms_per_step": busy_us / 1000 / steps,
+            "device_busy_fraction": (busy_us / 1e6 / wall) if wall > 0 else None,
+            "kernels_per_step": len(kernels) / steps,
+            "device_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+        }
+    path.write_text(json.dumps(summary, indent=2) + "\n\n" + table + "\n")
+    return summary
 
 
 # -- one model ---------------------------------------------------------------------------------
@@ -487,22 +628,44 @@ def train_config(args: argparse.Namespace, size: str, output: Path) -> TrainConf
 
 
 def synthetic_batches(
-    config: TrainConfig, vocab_size: int, num_labels: int, count: int
+    config: TrainConfig,
+    vocab_size: int,
+    num_labels: int,
+    count: int,
+    *,
+    fill: float = 1.0,
+    pad_id: int = 0,
 ) -> list[dict[str, torch.Tensor]]:
-    """``count`` fixed-shape batches of random tokens, as the trainer's data loader gives."""
+    """``count`` fixed-shape batches of random tokens, as the trainer's data loader gives.
+
+    ``fill`` < 1 pads them as real text does: each example's length is drawn uniformly
+    from ``ceil(fill * max_length)`` to ``max_length``; the rest is padding (``pad_id``,
+    attention mask 0, no loss on it).
+    """
     gen = torch.Generator().manual_seed(config.seed)
     shape = (config.batch_size, config.max_length)
+    shortest = min(config.max_length, max(2, math.ceil(fill * config.max_length)))
+    positions = torch.arange(config.max_length)
     batches = []
     for _ in range(count):
         ids = torch.randint(0, vocab_size, shape, generator=gen)
-        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        lengths = torch.randint(shortest, config.max_length + 1, (shape[0],), generator=gen)
+        mask = (positions[None, :] < lengths[:, None]).long()
+        ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad_id))
+        batch = {"input_ids": ids, "attention_mask": mask}
         if config.task == "classification":
             batch["token_type_ids"] = torch.zeros_like(ids)
             batch["labels"] = torch.randint(0, num_labels, (shape[0],), generator=gen)
         else:
-            batch["labels"] = ids.clone()
+            batch["labels"] = torch.where(mask.bool(), ids, torch.full_like(ids, -100))
         batches.append(batch)
     return batches
+
+
+def useful_tokens_per_sample(batches: list[dict[str, torch.Tensor]]) -> float:
+    """Mean non-padding positions per example over ``batches``."""
+    masks = torch.cat([b["attention_mask"] for b in batches])
+    return float(masks.sum()) / masks.shape[0]
 
 
 def bench_model(
@@ -525,7 +688,10 @@ def bench_model(
     flops = flops_per_sample(probe, config.max_length)
     params = sum(p.numel() for p in probe.parameters())
     del probe
-    batches = synthetic_batches(config, vocab, num_labels, count=4)
+    batches = synthetic_batches(
+        config, vocab, num_labels, count=4, fill=args.fill, pad_id=int(tokenizer.pad_token_id)
+    )
+    useful = useful_tokens_per_sample(batches)
     total_steps = args.warmup + args.rounds * args.steps
     log.info(
         "%s: %.1fM parameters, %s, batch %d x %d tokens",
@@ -554,11 +720,23 @@ def bench_model(
                 HfTrainerRunner(backend, fresh_model(), config, batches, output / "hf-trainer")
             )
 
-    times, peaks = measure(runners, results, args, backend, size)
+    try:
+        blocks, peaks = measure(runners, results, args, backend, size)
+        if args.profile_steps:
+            for runner in runners:
+                name = f"profile-{size}-{runner.name}.txt"
+                summary = profile_runner(runner, args.profile_steps, args.output / name)
+                results[runner.name].profile = summary
+                log.info("%s/%s: profile %s", size, runner.name, json.dumps(summary))
+    except torch.OutOfMemoryError as exc:
+        raise BenchError(
+            f"--model {size} at batch {config.batch_size} x {config.max_length} does not fit "
+            f"in device memory ({_first_line(str(exc), 120)}); use a smaller --batch-size"
+        ) from None
     peak_flops = peak_flops_per_device(backend, args.peak_tflops or None)
     for runner in runners:
         result = results[runner.name]
-        summarize(result, times[runner.name], config.batch_size, config.max_length)
+        summarize(result, blocks[runner.name], config.batch_size, config.max_length, useful)
         if backend.kind == "cuda":
             result.peak_memory_bytes = int(peaks[runner.name])
         if result.samples_per_second:
@@ -580,17 +758,20 @@ def measure(
     args: argparse.Namespace,
     backend: Backend,
     size: str,
-) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Warm every path up, then time them in rotating order; step times and peak memory."""
+) -> tuple[dict[str, list[tuple[float, int]]], dict[str, float]]:
+    """Warm every path up, then time them in rotating order: each path's timed blocks
+    (seconds, steps) and its peak memory."""
     meter = DeviceMeter(backend)
-    times: dict[str, list[float]] = {r.name: [] for r in runners}
+    blocks: dict[str, list[tuple[float, int]]] = {r.name: [] for r in runners}
     peaks: dict[str, float] = {r.name: 0.0 for r in runners}
 
-    def segment(runner: Runner, steps: int, skip: int) -> dict[str, float]:
+    def segment(runner: Runner, steps: int, skip: int) -> dict[str, Any]:
         result = results[runner.name]
-        seg: dict[str, float] = {}
+        seg: dict[str, Any] = {}
         with meter.segment(runner, seg):
-            times[runner.name].extend(runner.run(steps, skip=skip))
+            seconds = runner.run(steps, skip=skip)
+        if steps > 0:
+            blocks[runner.name].append((seconds, steps))
         peaks[runner.name] = max(peaks[runner.name], seg.get("peak_memory_bytes", 0.0))
         if "compilations" in seg:
             count = int(seg["compilations"])
@@ -600,6 +781,24 @@ def measure(
                 result.compilations_warmup = count
                 result.compilations_measured = 0
             result.compile_seconds = (result.compile_seconds or 0.0) + seg["compile_seconds"]
+        if "dynamo_graphs" in seg:
+            result.dynamo_graphs = (result.dynamo_graphs or 0) + seg["dynamo_graphs"]
+            if steps > 0:
+                result.dynamo_graphs_timed = (result.dynamo_graphs_timed or 0) + seg[
+                    "dynamo_graphs"
+                ]
+            elif result.dynamo_graphs_timed is None:
+                result.dynamo_graphs_timed = 0
+            breaks = seg["dynamo_breaks"]
+            result.dynamo_graph_breaks = (result.dynamo_graph_breaks or 0) + sum(breaks.values())
+            result.dynamo_recompiles = (result.dynamo_recompiles or 0) + len(
+                seg["dynamo_recompiles"]
+            )
+            for reason in [*breaks, *seg["dynamo_recompiles"]]:
+                kept = result.graph_break_reasons if reason in breaks else result.recompile_reasons
+                line = _first_line(reason)
+                if line not in kept and len(kept) < 10:
+                    kept.append(line)
         return seg
 
     for runner in runners:
@@ -611,7 +810,7 @@ def measure(
         shift = round_index % len(runners) if runners else 0
         for runner in runners[shift:] + runners[:shift]:
             segment(runner, args.steps, 0)
-    return times, peaks
+    return blocks, peaks
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -636,12 +835,11 @@ def machine_info(backend: Backend) -> dict[str, Any]:
         info["peak_source"] = name
     if backend.kind == "cuda":
         info["gpu"] = torch.cuda.get_device_name(backend.device)
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+        info["cuda"] = torch.version.cuda
+        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(backend.device).total_memory
+    for module in ("transformers", "accelerate", "triton"):
+        with contextlib.suppress(ImportError):
+            info[module] = importlib.import_module(module).__version__
     return info
 
 
@@ -664,7 +862,7 @@ def table_rows(results: list[PathResult]) -> list[list[str]]:
     rows = []
     for r in results:
         if r.status != "ok":
-            rows.append([r.model, r.path, "skipped", *[""] * 7, r.reason])
+            rows.append([r.model, r.path, "skipped", *[""] * 9, r.reason])
             continue
         ratio = [
             f"{v:.2f}x vs {name}"
@@ -677,12 +875,14 @@ def table_rows(results: list[PathResult]) -> list[list[str]]:
                 r.path,
                 _rate(r.samples_per_second),
                 _rate(r.tokens_per_second),
+                _rate(r.useful_tokens_per_second),
                 f"{_fmt(r.step_ms_median, '.1f')} ({_fmt(r.step_ms_p10, '.1f')}-"
                 f"{_fmt(r.step_ms_p90, '.1f')})",
                 _mib(r.peak_memory_bytes),
                 _fmt(r.model_tflops, ".3g"),
                 _fmt(None if r.mfu is None else 100 * r.mfu, ".1f", "%"),
                 _compiles(r),
+                _dynamo(r),
                 ", ".join(ratio) or "-",
                 ", ".join(r.features),
             ]
@@ -696,16 +896,26 @@ def _compiles(r: PathResult) -> str:
     return f"{r.compilations_warmup}+{r.compilations_measured} ({r.compile_seconds or 0:.1f} s)"
 
 
+def _dynamo(r: PathResult) -> str:
+    """torch.compile: graphs (of which compiled while timed), graph breaks, recompiles."""
+    if not r.dynamo_graphs:
+        return "-"
+    timed = f" ({r.dynamo_graphs_timed} timed)" if r.dynamo_graphs_timed else ""
+    return f"{r.dynamo_graphs}{timed}/{r.dynamo_graph_breaks}/{r.dynamo_recompiles}"
+
+
 HEADER = [
     "model",
     "path",
     "samples/s",
     "tokens/s",
+    "useful tokens/s",
     "step ms median (p10-p90)",
     "peak mem",
     "TFLOP/s",
     "MFU",
     "compiles (warm-up+timed)",
+    "graphs/breaks/recompiles",
     "ratio",
     "features",
 ]
@@ -718,8 +928,8 @@ def render_text(report: dict[str, Any], results: list[PathResult]) -> str:
         f"device: {report['machine']['device']} ({report['machine']['precision']}), "
         f"torch {report['machine']['torch']}, {report['machine']['cpu_count']} CPUs, "
         f"torch threads {report['machine']['torch_threads']}; batch {report['batch_size']} x "
-        f"{report['seq_len']} tokens; {report['rounds']} rounds x {report['steps']} steps "
-        f"after {report['warmup']} warm-up",
+        f"{report['seq_len']} tokens (fill {report['fill']:g}); {report['rounds']} rounds x "
+        f"{report['steps']} steps after {report['warmup']} warm-up",
         "",
     ]
     for row in rows:
@@ -740,12 +950,24 @@ def render_text(report: dict[str, Any], results: list[PathResult]) -> str:
 def render_markdown(results: list[PathResult]) -> str:
     """The table for the README; memory, MFU and compile columns only where measured."""
     body = table_rows(results)
-    optional = {HEADER.index(c) for c in ("peak mem", "MFU", "compiles (warm-up+timed)")}
-    keep = [
-        i
-        for i in range(len(HEADER))
-        if i not in optional or any(row[i] not in ("n/a", "-", "") for row in body)
-    ]
+    optional = {
+        HEADER.index(c)
+        for c in (
+            "useful tokens/s",
+            "peak mem",
+            "MFU",
+            "compiles (warm-up+timed)",
+            "graphs/breaks/recompiles",
+        )
+    }
+    useful, tokens = HEADER.index("useful tokens/s"), HEADER.index("tokens/s")
+
+    def shown(i: int) -> bool:
+        if i == useful:  # only where the data pads
+            return any(row[i] != row[tokens] for row in body)
+        return i not in optional or any(row[i] not in ("n/a", "-", "") for row in body)
+
+    keep = [i for i in range(len(HEADER)) if shown(i)]
     lines = ["| " + " | ".join(HEADER[i] for i in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(row[i] or " " for i in keep) + " |" for row in body]
     return "\n".join(lines)
@@ -812,6 +1034,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
 def _paths(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in PATHS]
@@ -874,6 +1106,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="torch CPU threads (default: torch's choice)",
     )
+    p.add_argument(
+        "--fill",
+        type=_fraction,
+        default=1.0,
+        help="shortest example as a fraction of --seq-len; the rest pads (default: 1, no padding)",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=_non_negative_int,
+        default=0,
+        help="after timing, profile this many steps of each path (default: 0, off)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=Path("build/bench"), help="default: %(default)s")
     return p
@@ -908,6 +1152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "machine": machine_info(backend),
             "batch_size": args.batch_size,
             "seq_len": args.seq_len,
+            "fill": args.fill,
+            "timing": "one device wait before and after each block of --steps steps",
             "steps": args.steps,
             "warmup": args.warmup,
             "rounds": args.rounds,
