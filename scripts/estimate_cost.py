@@ -10,6 +10,14 @@ types share the hardware facts of their EC2 type but need their price given.
 Trainium compiles the training graph before the first step. The estimate bills that compile
 time on every node when the compile cache is cold and shows what a warm cache saves.
 
+Throughput measured by ``workload/bench.py`` on one device of an instance type scales to
+its nodes with ``--bench [TYPE=]bench.json`` (the trainer's samples/s per device x devices
+per node x nodes: linear scaling, an upper bound that leaves out the gradient all-reduce)::
+
+    python scripts/estimate_cost.py --instance-type trn1.32xlarge --throughput 3800 \
+        --dataset-size 10000000 --tokens-per-sample 128 \
+        --compare p5.48xlarge --bench p5.48xlarge=build/bench/bench.json --bench-model bert-base
+
 Reproduce the SageMaker benchmark (BERT-base classification, one node each)::
 
     python scripts/estimate_cost.py --instance-type ml.trn1.32xlarge --price 24.725 \\
@@ -347,6 +355,84 @@ def _keyed(values: list[str], flag: str, main: str, kind: type = float) -> dict[
     return parsed
 
 
+#: bench.json's device key (workload/engine.py PEAK_TFLOPS_BF16) -> InstanceTypeSpec.accelerator.
+_BENCH_ACCELERATOR = {
+    "trn1": "trainium",
+    "trn2": "trainium2",
+    "a100": "a100",
+    "h100": "h100",
+    "h200": "h200",
+}
+
+
+@dataclass(frozen=True)
+class BenchThroughput:
+    """The trainer's measured throughput on one device, from a bench.json."""
+
+    path: Path
+    model: str
+    device: str
+    samples_per_second: float
+    tokens_per_second: float
+    batch_size: int
+    seq_len: int
+
+
+def read_bench(path: Path, model: str | None) -> BenchThroughput:
+    """The ``trainer`` row of ``model`` in a bench.json written by workload/bench.py."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        rows = [r for r in report["results"] if r["path"] == "trainer" and r["status"] == "ok"]
+        machine = report["machine"]
+    except OSError as exc:
+        raise EstimateError(f"--bench {path}: cannot read it ({exc.strerror})") from None
+    except (ValueError, KeyError, TypeError):
+        raise EstimateError(
+            f"--bench {path}: not a bench.json written by workload/bench.py"
+        ) from None
+    models = sorted({r["model"] for r in rows})
+    if model is None and len(models) == 1:
+        model = models[0]
+    chosen = [r for r in rows if r["model"] == model]
+    if not chosen or not chosen[0].get("samples_per_second"):
+        raise EstimateError(
+            f"--bench {path}: "
+            + (f"no trainer result for --bench-model {model}" if model else "several models")
+            + f"; choose --bench-model from: {', '.join(models) or '(none)'}"
+        )
+    row = chosen[0]
+    return BenchThroughput(
+        path=path,
+        model=str(model),
+        device=str(machine.get("peak_source") or machine.get("device_kind") or "unknown"),
+        samples_per_second=float(row["samples_per_second"]),
+        tokens_per_second=float(row["tokens_per_second"]),
+        batch_size=int(report["batch_size"]),
+        seq_len=int(report["seq_len"]),
+    )
+
+
+def bench_cluster_throughput(
+    bench: BenchThroughput, spec: InstanceTypeSpec, nodes: int, unit: str
+) -> float:
+    """Per-device throughput x devices per node x nodes, in ``unit``."""
+    wanted = _BENCH_ACCELERATOR.get(bench.device)
+    if wanted != spec.accelerator:
+        raise EstimateError(
+            f"--bench {bench.path} was measured on {bench.device}, but {spec.name} has "
+            f"{spec.accelerator} devices"
+        )
+    if unit == "samples/s":
+        per_device = bench.samples_per_second
+    elif unit == "tokens/s":
+        per_device = bench.tokens_per_second
+    else:
+        raise EstimateError(
+            f"--bench gives samples/s or tokens/s, not {unit}: use --unit samples/s or tokens/s"
+        )
+    return per_device * spec.devices * nodes
+
+
 def positive(text: str) -> float:
     try:
         value = float(text)
@@ -434,6 +520,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="instance type to compare with, at the given throughput in --unit "
         f"(repeat; default: {', '.join(DEFAULT_COMPARE)}, break-even only)",
     )
+    p.add_argument(
+        "--bench",
+        action="append",
+        default=[],
+        metavar="[TYPE=]FILE",
+        help="bench.json from workload/bench.py on one device of TYPE: its trainer "
+        "throughput x devices x nodes is TYPE's throughput",
+    )
+    p.add_argument(
+        "--bench-model",
+        default=None,
+        help="which model of the bench.json (needed when it holds several)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
 
@@ -458,6 +557,24 @@ def run(args: argparse.Namespace) -> Report:
     seconds = _keyed(args.seconds, "--seconds", main_type)
     compile_s = _keyed(args.compile_seconds, "--compile-seconds", main_type)
     notes: list[str] = []
+    benches: dict[str, BenchThroughput] = {}
+    for raw in args.bench:
+        name, sep, text = raw.rpartition("=")
+        name = name if sep else main_type
+        resolve_spec(name)
+        benches[name] = read_bench(Path(text), args.bench_model)
+
+    def bench_throughput(name: str) -> float:
+        bench = benches[name]
+        cspec = resolve_spec(name)
+        count = nodes.get(name, nodes.get(main_type, 1))
+        value = bench_cluster_throughput(bench, cspec, count, unit)
+        notes.append(
+            f"{name}: {value:.4g} {unit} = {bench.model} trainer throughput per device from "
+            f"{bench.path} (batch {bench.batch_size} x {bench.seq_len}) x {cspec.devices} "
+            f"devices x {count} node(s), assuming linear scaling (no all-reduce cost)"
+        )
+        return value
 
     throughput: float | None = args.throughput
     unit: str = args.unit
@@ -498,6 +615,11 @@ def run(args: argparse.Namespace) -> Report:
             if metrics.samples and not metrics.resumed:
                 given_work = (metrics.samples, "samples")
         notes.append(f"throughput {throughput:.4g} {unit} read from {args.metrics}")
+
+    if main_type in benches:
+        if throughput is not None:
+            raise EstimateError(f"--bench {main_type}: give --throughput or --bench, not both")
+        throughput = bench_throughput(main_type)
 
     if args.epochs is not None and args.dataset_size is None:
         raise EstimateError("--epochs needs --dataset-size (samples per epoch)")
@@ -545,6 +667,10 @@ def run(args: argparse.Namespace) -> Report:
     for raw in args.compare if args.compare is not None else list(DEFAULT_COMPARE):
         name, sep, text = raw.partition("=")
         other_thr = positive_or_error(text, raw) if sep else None
+        if name in benches:
+            if other_thr is not None:
+                raise EstimateError(f"--compare {raw!r}: a throughput and --bench {name}; give one")
+            other_thr = bench_throughput(name)
         if name == main_type:
             raise EstimateError(f"--compare {raw!r}: compare with a different instance type")
         other = candidate(name, other_thr)

@@ -355,3 +355,117 @@ def test_mixing_sagemaker_and_ec2_prices_is_pointed_out(
     )
     assert "ml.trn1.32xlarge and p4d.24xlarge: one is a SageMaker price, the other EC2" in text
     assert "SageMaker price" not in run_text(capsys, *SEED_ARGS)
+
+
+def _bench_json(path: Path, device: str = "h100", **extra: Any) -> Path:
+    """A bench.json as workload/bench.py writes it: the H100 BERT-base seq-128 run (README)."""
+    rows = [
+        {"model": "bert-base", "path": "trainer", "status": "ok",
+         "samples_per_second": 4886.0, "tokens_per_second": 625_345.0},
+        {"model": "bert-base", "path": "hf-trainer", "status": "ok",
+         "samples_per_second": 4538.0, "tokens_per_second": 580_809.0},
+    ]  # fmt: skip
+    report = {
+        "machine": {"device": "cuda:NVIDIA H100 80GB HBM3", "device_kind": "cuda"}
+        | ({"peak_source": device} if device else {}),
+        "batch_size": 512,
+        "seq_len": 128,
+        "results": rows + extra.get("more_rows", []),
+    }
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_bench_throughput_scales_to_the_nodes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bench = _bench_json(tmp_path / "bench.json")
+    report = run_json(
+        capsys,
+        *("--throughput", "3800", "--samples", "1e8", "--nodes", "p5.48xlarge=2"),
+        *("--compare", "p5.48xlarge", "--bench", f"p5.48xlarge={bench}"),
+    )
+    p5 = by_type(report)["p5.48xlarge"]
+    # The trainer row (not the HF Trainer's): per device x 8 GPUs x 2 nodes.
+    assert p5["throughput"] == pytest.approx(4886.0 * 8 * 2)
+    assert p5["train_seconds"] == pytest.approx(1e8 / (4886.0 * 16))
+    assert any("assuming linear scaling" in note and str(bench) in note for note in report["notes"])
+    tokens = run_json(
+        capsys,
+        *("--throughput", "1e6", "--unit", "tokens/s", "--tokens", "1e10"),
+        *("--compare", "p5.48xlarge", "--bench", f"p5.48xlarge={bench}"),
+    )
+    assert by_type(tokens)["p5.48xlarge"]["throughput"] == pytest.approx(625_345.0 * 8)
+
+
+def test_bench_for_the_main_instance_type(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bench = _bench_json(tmp_path / "bench.json")
+    report = run_json(
+        capsys,
+        *("--instance-type", "p5.48xlarge", "--bench", str(bench), "--samples", "1e7"),
+        *("--compare", "p4d.24xlarge"),
+    )
+    assert by_type(report)["p5.48xlarge"]["throughput"] == pytest.approx(4886.0 * 8)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            "--throughput 1 --samples 1 --compare p4d.24xlarge --bench p4d.24xlarge=BENCH",
+            "was measured on h100, but p4d.24xlarge has a100 devices",
+        ),
+        (
+            "--throughput 1 --samples 1 --compare p5.48xlarge=9 --bench p5.48xlarge=BENCH",
+            "a throughput and --bench p5.48xlarge; give one",
+        ),
+        (
+            "--instance-type p5.48xlarge --throughput 1 --samples 1 --bench BENCH",
+            "give --throughput or --bench, not both",
+        ),
+        (
+            "--throughput 1 --steps 1 --batch-size 8 --unit it/s --compare p5.48xlarge "
+            "--bench p5.48xlarge=BENCH",
+            "--bench gives samples/s or tokens/s, not it/s",
+        ),
+        (
+            "--throughput 1 --samples 1 --compare p5.48xlarge --bench p5.48xlarge=BENCH "
+            "--bench-model gpt2",
+            "no trainer result for --bench-model gpt2; choose --bench-model from: bert-base",
+        ),
+        ("--throughput 1 --samples 1 --bench p5.48xlarge=@MISSING", "cannot read it"),
+        ("--throughput 1 --samples 1 --bench p5.48xlarge=@OTHER", "not a bench.json"),
+    ],
+)
+def test_bad_bench_input_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: str, message: str
+) -> None:
+    bench = _bench_json(tmp_path / "bench.json")
+    other = tmp_path / "metrics.jsonl"
+    other.write_text('{"event": "summary"}\n')
+    argv = [
+        a.replace("@MISSING", str(tmp_path / "missing.json"))
+        .replace("@OTHER", str(other))
+        .replace("BENCH", str(bench))
+        for a in args.split()
+    ]
+    assert ec.main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert message in err
+
+
+def test_bench_with_several_models_needs_bench_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    gpt2 = {"model": "gpt2", "path": "trainer", "status": "ok", "samples_per_second": 311.0,
+            "tokens_per_second": 318_036.0}  # fmt: skip
+    bench = _bench_json(tmp_path / "bench.json", more_rows=[gpt2])
+    base = ["--throughput", "1", "--samples", "1e6", "--compare", "p5.48xlarge"]
+    assert ec.main([*base, "--bench", f"p5.48xlarge={bench}"]) == 2
+    assert "several models; choose --bench-model from: bert-base, gpt2" in capsys.readouterr().err
+    report = run_json(capsys, *base, "--bench", f"p5.48xlarge={bench}", "--bench-model", "gpt2")
+    assert by_type(report)["p5.48xlarge"]["throughput"] == pytest.approx(311.0 * 8)
