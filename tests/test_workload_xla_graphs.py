@@ -274,3 +274,35 @@ def test_every_rank_and_every_run_traces_the_same_hlo(tmp_path: Path) -> None:
     assert len(dumps["rank0-a"]) >= 3  # the first step, the step, evaluation (at least)
     assert dumps["rank0-b"] == dumps["rank0-a"]
     assert dumps["rank1"] == dumps["rank0-a"]
+
+
+# -- the measurement of one against two graphs per step --------------------------------------
+
+
+def test_step_graphs_measures_both_variants(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [PYTHON, str(REPO / "workload" / "step_graphs.py"), "--hidden", "16", "--layers", "1",
+         "--seq", "16", "--batch", "2", "--rounds", "2", "--block", "2"],
+        capture_output=True, text=True, env=job_env(xla=True), timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["device"] == "xla:CPU"
+    assert found["compiles_after_warmup"] == 0
+    for graphs in (1, 2):
+        variant = found[f"graphs_per_step={graphs}"]
+        assert variant["launched_per_step"] == graphs
+        assert variant["host_transfers_per_step"] == 0
+        assert 0 < variant["p10_ms"] <= variant["median_ms"] <= variant["p90_ms"]
+
+
+def test_step_graphs_refuses_bad_sizes_in_one_line() -> None:
+    result = subprocess.run(
+        [PYTHON, str(REPO / "workload" / "step_graphs.py"), "--hidden", "30"],
+        capture_output=True, text=True, env=job_env(xla=True), timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "step_graphs.py: error: --hidden 30 must be a multiple of 4 (4 attention heads) "
+        "(--help lists the flags)"
+    ]

@@ -172,6 +172,16 @@ class Backend:
         data = met.metric_data("TransferFromDeviceTime")
         return int(data[0]) if data else 0
 
+    def executions(self) -> int | None:
+        """Graphs launched so far in this process (xla), else None: counted when traced
+        and sent (``TensorsGraphSize``), not when the asynchronous execution finishes."""
+        if self.kind != "xla":
+            return None
+        import torch_xla.debug.metrics as met
+
+        data = met.metric_data("TensorsGraphSize")
+        return int(data[0]) if data else 0
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Mixed precision for forward passes: bf16 autocast where chosen, else nothing."""
         if self.autocast_dtype is None:

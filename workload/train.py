@@ -399,8 +399,8 @@ class Run:
         self.steps_this_run = 0
         self.evals_this_run = 0
         self.warm_compiles: int | None = None
-        self.warm_steps = 0  # steps after warm-up, and the host transfers inside them
-        self.warm_transfers = 0
+        # Steps after warm-up, and the host transfers and graph executions inside them.
+        self.warm_steps = self.warm_transfers = self.warm_executions = 0
         self.last_eval: EvalResult | None = None
         self.last_eval_step = -1
         self.last_save_step = self.step if self.resumed_from is not None else -1
@@ -411,11 +411,12 @@ class Run:
             while self.step < self.total_steps and not self.stopped_by_signal:
                 self.train_batches.set_position(self.epoch, self.offset)
                 for batch in backend.device_loader(self.train_loader):
-                    before = backend.host_transfers()
+                    before = (backend.host_transfers(), backend.executions())
                     self.train_step(batch)
-                    if self.warm_compiles is not None and before is not None:
+                    if self.warm_compiles is not None and before[0] is not None:
                         self.warm_steps += 1
-                        self.warm_transfers += (backend.host_transfers() or 0) - before
+                        self.warm_transfers += (backend.host_transfers() or 0) - before[0]
+                        self.warm_executions += (backend.executions() or 0) - (before[1] or 0)
                     self.step += 1
                     self.offset += 1
                     self.steps_this_run += 1
@@ -477,6 +478,7 @@ class Run:
         if self.warm_steps:
             # Inside the steps only: the log line's loss read is outside.
             fields["xla_host_transfers_per_step"] = round(self.warm_transfers / self.warm_steps, 4)
+            fields["xla_graphs_per_step"] = round(self.warm_executions / self.warm_steps, 4)
         return fields
 
     def _log_train(self) -> None:
