@@ -59,6 +59,7 @@ def test_config_file_can_hold_everything(tmp_path: Path) -> None:
         ([*REQUIRED, "--device", "tpu"], "--device 'tpu' is not one of auto, cpu, cuda, xla"),
         ([*REQUIRED, "--task", "qa"], "not one of classification, causal-lm"),
         ([*REQUIRED, "--warmup-ratio", "1.5"], "--warmup-ratio 1.5 must be in [0, 1)"),
+        ([*REQUIRED, "--graphs-per-step", "3"], "--graphs-per-step 3 is not one of 1, 2"),
         ([*REQUIRED, "--tiny-hidden-size", "100", "--tiny-heads", "3"], "multiple of"),
         ([*REQUIRED, "--batch-size"], "expected one argument"),
         ([*REQUIRED, "--config", "/nonexistent.yaml"], "cannot read it"),

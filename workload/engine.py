@@ -14,11 +14,13 @@ Usage (both scripts)::
         loss = step(batch)                              # detached device tensor
     mean_loss = step.pop_mean_loss()                    # one host transfer per log line
 
-A step is: forward (under bf16 autocast where the backend uses it), backward,
-``torch_xla.sync()`` (xla), gradient all-reduce + clipping + optimizer step
-(``Backend.optimizer_step``), scheduler step, ``torch_xla.sync()`` (xla). Nothing in it
+A step is: forward (under bf16 autocast where the backend uses it; on XLA with the 4D
+attention mask, see ``model_inputs``), backward, gradient all-reduce + clipping + optimizer
+step (``Backend.optimizer_step``; capturable AdamW on XLA), scheduler step, and on XLA one
+``torch_xla.sync()`` (``graphs_per_step=2`` adds one after the backward). Nothing in it
 moves a value to the host, so on XLA the step never waits for the device, and every step
-traces the same two graphs: after the first steps there is nothing new to compile.
+traces the same graph: after the first steps there is nothing new to compile
+(tests/test_workload_xla_graphs.py).
 """
 
 from __future__ import annotations
