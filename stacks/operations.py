@@ -1,4 +1,5 @@
-"""Operations stack: SSM Command documents, the training log group, dashboard, alarms, outputs.
+"""Operations stack: SSM Command documents, the training log group, the job supervisor (a Step
+Functions state machine, stacks/supervisor.py), dashboard, alarms, outputs.
 
 It deploys before the compute stack (the nodes write to its log group and notify its topic), so
 destroying the compute stack alone stops the instances and keeps logs, documents and dashboards.
@@ -27,6 +28,7 @@ from constructs import Construct
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
 from stacks.log_groups import allow_cloudwatch_logs, retention
 from stacks.storage import StorageStack
+from stacks.supervisor import JobSupervisor
 
 SSM_DOCUMENTS_DIR = Path(__file__).resolve().parent / "ssm_documents"
 #: Search term for the NeuronCore utilization (percent busy) that neuron-monitor publishes.
@@ -81,6 +83,15 @@ class OperationsStack(cdk.Stack):
             for name, content in load_ssm_documents().items()
         }
         self.alarm_topic = self._alarm_topic()
+        self.supervisor = JobSupervisor(
+            self,
+            "JobSupervisor",
+            config=config,
+            documents=self.documents,
+            training_log_group=self.training_log_group,
+            topic=self.alarm_topic,
+            key=self.key,
+        )
         self.dashboard = self._dashboard(storage.file_system)
         self._alarms(storage.file_system)
         self._outputs(storage)
@@ -375,6 +386,7 @@ class OperationsStack(cdk.Stack):
             "ExportPaths": ",".join(storage.export_paths),
             "LifecycleHookName": config.lifecycle_hook_name,
             "AlarmTopicArn": self.alarm_topic.topic_arn,
+            "JobStateMachineArn": self.supervisor.state_machine.state_machine_arn,
             "DashboardName": self.dashboard.dashboard_name,
         }
         for key, value in values.items():

@@ -92,11 +92,14 @@ def test_outputs_name_what_to_export_before_destroy(default: Synth) -> None:
     assert export["Value"] == {"Ref": file_system_id}
 
 
-def test_training_log_group_is_encrypted_with_retention(default: Synth) -> None:
-    group = only_resource(default.templates["operations"], "AWS::Logs::LogGroup")
-    assert group["Properties"]["RetentionInDays"] == 365
-    assert "OperationsKey" in flatten(group["Properties"]["KmsKeyId"])
-    assert group["DeletionPolicy"] == "Retain"
+def test_log_groups_are_encrypted_with_retention(default: Synth) -> None:
+    """The training log group and the job supervisor's execution log group."""
+    groups = resources(default.templates["operations"], "AWS::Logs::LogGroup")
+    assert len(groups) == 2
+    for group in groups.values():
+        assert group["Properties"]["RetentionInDays"] == 365
+        assert "OperationsKey" in flatten(group["Properties"]["KmsKeyId"])
+        assert group["DeletionPolicy"] == "Retain"
 
 
 def test_alarm_topic_is_encrypted_and_tls_only(default: Synth) -> None:

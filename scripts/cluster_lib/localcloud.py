@@ -15,7 +15,8 @@ Served: CloudFormation DescribeStacks; EC2 DescribeInstances; Auto Scaling
 DescribeAutoScalingGroups, SetInstanceHealth (an Unhealthy node is replaced); SSM
 SendCommand, ListCommands, ListCommandInvocations, GetCommandInvocation, CancelCommand,
 DescribeInstanceInformation; CloudWatch Logs DescribeLogStreams, GetLogEvents,
-FilterLogEvents. Any other call fails with a clear error.
+FilterLogEvents; SNS Publish (kept in `notifications`, for the job supervisor's tests).
+Any other call fails with a clear error.
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ class LocalCloud:
             self.documents[f"{cluster_name}-{name}"] = load(name)
         self.commands: dict[str, Command] = {}
         self.health_reports: list[tuple[str, str]] = []
+        self.notifications: list[dict[str, str]] = []
         self.calls: list[str] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -354,6 +356,11 @@ class LocalCloud:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def group_name(self) -> str:
+        """The Auto Scaling group's name, as the stacks name it (ClusterConfig)."""
+        return f"{self.cluster_name}-workers"
+
     def running(self) -> list[Instance]:
         return [i for i in self.instances if i.state == "running"]
 
@@ -420,7 +427,7 @@ class LocalCloud:
             "ClusterTagKey": TAG_KEY,
             "NodeCount": str(self.hosts.count),
             "InstanceType": "trn1.32xlarge",
-            "AutoScalingGroupName": f"{self.cluster_name}-nodes",
+            "AutoScalingGroupName": self.group_name,
             "TrainingLogGroupName": f"/trainium-cluster/{self.cluster_name}/training",
             "FileSystemId": "fs-0000000rehearsal",
             "ExportPaths": "/jobs",
@@ -457,7 +464,7 @@ class LocalCloud:
                 TAG_KEY: self.cluster_name,
                 ROLE_TAG: "worker",
                 LAUNCH_TEMPLATE_VERSION_TAG: "1",
-                "aws:autoscaling:groupName": f"{self.cluster_name}-nodes",
+                "aws:autoscaling:groupName": self.group_name,
             }
             state = instance.state
             if wanted_ids and instance.instance_id not in wanted_ids:
@@ -485,7 +492,7 @@ class LocalCloud:
 
     # ---------------------------------------------------------- Auto Scaling
     def _autoscaling_DescribeAutoScalingGroups(self, params: dict[str, Any]) -> dict[str, Any]:
-        name = f"{self.cluster_name}-nodes"
+        name = self.group_name
         template = {"LaunchTemplateName": f"{self.cluster_name}-node", "Version": "1"}
         names = params.get("AutoScalingGroupNames") or [name]
         if name not in names:
@@ -530,6 +537,17 @@ class LocalCloud:
             self.terminate(instance)
             self.instances.append(self._launch(instance.slot))
         return {}
+
+    # ------------------------------------------------------------------- SNS
+    def _sns_Publish(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.notifications.append(
+            {
+                "TopicArn": params.get("TopicArn", ""),
+                "Subject": params.get("Subject", ""),
+                "Message": params["Message"],
+            }
+        )
+        return {"MessageId": f"{len(self.notifications):08x}-0000-4000-8000-000000000000"}
 
     # ------------------------------------------------------------------- SSM
     def _ssm_DescribeInstanceInformation(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,824 @@
+"""The job supervisor: one AWS Step Functions standard execution per training job.
+
+It does on the AWS side what `Cluster.train` in scripts/cluster_lib/aws.py does on the
+operator's machine, so a job keeps its supervision when that machine sleeps or its credentials
+expire: wait for a full set of bootstrapped nodes, run Preflight, run RunTraining on every node
+with the same job ID and the full host list, follow the invocations, and on a failure retry
+with resume (the same job ID) up to the job's limit; a leg that ended at its time limit
+(contract C4: every node Success or ResponseCode 75) continues without spending a retry, a job
+stopped with StopTraining is not retried, and a node whose preflight exits 3 (a Neuron hardware
+error) is marked unhealthy so the Auto Scaling group replaces it. The cluster's SNS topic hears
+of the start, each retry, each new leg, a stop, the failure and the finish.
+
+Everything is Amazon States Language (JSONPath) with AWS SDK service integrations; no Lambda
+function is needed. The two things ASL has no function for are built from what it has: the
+comma-separated host list (there is no States.ArrayJoin) is built by a short loop of
+States.Format, and "every invocation ended Success or 75" is decided per invocation by a Choice
+inside a Map and then summed up with States.ArrayContains.
+
+History budget: a standard execution keeps at most 25,000 events (Step Functions quotas). One
+poll of a running command is a Wait, a Task and a Choice, about 9 events, so at the default
+300-second poll a 48-hour leg costs about 5,200 events, and one execution follows about 4.5 legs
+(9 days) of training. Longer jobs need a larger PollSeconds in the execution input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_ssm as ssm
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from aws_cdk.region_info import RegionInfo
+from constructs import Construct
+
+from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
+from stacks.log_groups import retention
+from stacks.nag import acknowledge
+
+#: SendCommand InstanceIds: "Array Members: Maximum number of 50 items" (SSM API reference).
+SEND_BATCH = 50
+#: preflight.sh exits with this status on a Neuron hardware error: replace the node.
+REPLACE_NODE_STATUS = 3
+#: launch.sh exits with this status when it ended a leg at its time limit (contract C4).
+LEG_TIME_LIMIT_STATUS = 75
+#: Command statuses after which nothing more happens (SSM API reference, Command.Status).
+COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "DeliveryTimedOut")
+#: What an execution's input may set, with its default (the CLI passes JobId and TrainArgs).
+JOB_DEFAULTS: dict[str, Any] = {
+    "TrainArgs": "",
+    "MasterPort": "29500",
+    "NprocPerNode": "auto",
+    "PreflightPort": "29600",
+    "MaxRetries": 2,
+    "PollSeconds": 300,
+    "RetryDelaySeconds": 60,
+    # How long the other nodes may run on after one node's invocation ended before the rest of
+    # the attempt is cancelled (a data-parallel job cannot go on without a rank).
+    "FailureGraceSeconds": 300,
+}
+
+
+class JobSupervisor(Construct):
+    """The state machine, its role (this cluster's resources only) and its log group."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ClusterConfig,
+        documents: dict[str, ssm.CfnDocument],
+        training_log_group: logs.ILogGroup,
+        topic: sns.ITopic,
+        key: kms.IKey,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.config = config
+        self.documents = documents
+        self.training_log_group = training_log_group
+        self.topic = topic
+        stack = cdk.Stack.of(self)
+        self.state_machine_name = f"{config.cluster_name}-jobs"
+        # Known before the state machine exists, so the role may name it without a cycle.
+        self.state_machine_arn = stack.format_arn(
+            service="states",
+            resource="stateMachine",
+            resource_name=self.state_machine_name,
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.log_group = logs.LogGroup(
+            self,
+            "ExecutionLogGroup",
+            # Vended-logs prefix: Step Functions log delivery keeps its resource policy small.
+            log_group_name=f"/aws/vendedlogs/states/{self.state_machine_name}",
+            retention=retention(config.log_retention_days),
+            encryption_key=key,
+            removal_policy=cdk.RemovalPolicy.RETAIN
+            if config.retain_data
+            else cdk.RemovalPolicy.DESTROY,
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+            description=f"{config.cluster_name}: the job supervisor's state machine",
+        )
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_name=self.state_machine_name,
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            definition_body=sfn.DefinitionBody.from_chainable(self._definition()),
+            role=self.role,
+            # Execution data (job ID, train arguments, command IDs) is what an operator reads.
+            logs=sfn.LogOptions(
+                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
+            ),
+            tracing_enabled=True,
+            comment=f"{config.cluster_name}: one training job per execution",
+        )
+        # aws-cdk-lib makes the state machine depend on its role and the role's policy, and
+        # also reads the role's ARN: cfn-lint W3005 calls the first dependency redundant. It is
+        # harmless, and the policy dependency (which no GetAtt gives) must stay.
+        machine = self.state_machine.node.default_child
+        assert isinstance(machine, cdk.CfnResource)
+        machine.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
+        # The topic is encrypted with the operations key: publishing needs a data key.
+        key.grant(self.role, "kms:Decrypt", "kms:GenerateDataKey*")
+        self._acknowledge()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _stack(self) -> cdk.Stack:
+        return cdk.Stack.of(self)
+
+    def _document_arn(self, name: str) -> str:
+        return self._stack.format_arn(
+            service="ssm", resource="document", resource_name=self.documents[name].ref
+        )
+
+    def _instances_arn(self) -> str:
+        return self._stack.format_arn(service="ec2", resource="instance", resource_name="*")
+
+    def _group_arn(self) -> str:
+        # arn:aws:autoscaling:region:account:autoScalingGroup:<uuid>:autoScalingGroupName/<name>
+        # (Service Authorization Reference, Amazon EC2 Auto Scaling resource types).
+        return self._stack.format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{self.config.auto_scaling_group_name}",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+    def _sdk(
+        self,
+        construct_id: str,
+        service: str,
+        action: str,
+        parameters: dict[str, Any],
+        resources: list[str],
+        *,
+        iam_action: str | None = None,
+        result_selector: dict[str, Any] | None = None,
+        result_path: str | None = None,
+    ) -> tasks.CallAwsService:
+        task = tasks.CallAwsService(
+            self,
+            construct_id,
+            service=service,
+            action=action,
+            parameters=parameters,
+            iam_resources=resources,
+            iam_action=iam_action,
+            additional_iam_statements=[],
+            result_selector=result_selector,
+            result_path=result_path if result_path is not None else sfn.JsonPath.DISCARD,
+        )
+        # Throttling and brief outages must not end a job that runs for days.
+        task.add_retry(
+            errors=["States.TaskFailed", "States.Timeout"],
+            interval=cdk.Duration.seconds(5),
+            max_attempts=6,
+            backoff_rate=2,
+            max_delay=cdk.Duration.minutes(2),
+        )
+        return task
+
+    def _notify(self, construct_id: str, subject: str, message: str, *values: str) -> Any:
+        """Publishes to the cluster's topic; `message` is a States.Format template."""
+        config = self.config
+        return self._sdk(
+            construct_id,
+            "sns",
+            "publish",
+            {
+                "TopicArn": self.topic.topic_arn,
+                "Subject": sfn.JsonPath.format(
+                    f"{config.cluster_name}: job {{}} {subject}",
+                    sfn.JsonPath.string_at("$.Job.JobId"),
+                ),
+                "Message": sfn.JsonPath.format(message, *values),
+            },
+            [self.topic.topic_arn],
+            iam_action="sns:Publish",
+        )
+
+    # --------------------------------------------------------------- definition
+    def _definition(self) -> sfn.IChainable:
+        config = self.config
+        job_id = sfn.JsonPath.string_at("$.Job.JobId")
+        defaults = sfn.Pass(
+            self,
+            "ReadJob",
+            comment="The execution input over the defaults; counters start at zero.",
+            parameters={
+                "Job": sfn.JsonPath.json_merge(
+                    sfn.JsonPath.object_at("$.Defaults"), sfn.JsonPath.object_at("$.Input")
+                ),
+                "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
+            },
+        )
+        with_defaults = sfn.Pass(
+            self,
+            "Defaults",
+            parameters={"Defaults": JOB_DEFAULTS, "Input": sfn.JsonPath.object_at("$")},
+        )
+        # One job at a time per cluster: refused rather than queued, because a queued job would
+        # hold an execution (and its history) for as long as the running one trains, and the
+        # operator who started it is better told at once which job has the nodes.
+        running = self._sdk(
+            "ListRunningJobs",
+            "sfn",
+            "listExecutions",
+            {
+                "StateMachineArn": sfn.JsonPath.string_at("$$.StateMachine.Id"),
+                "StatusFilter": "RUNNING",
+            },
+            [self.state_machine_arn],
+            iam_action="states:ListExecutions",
+            result_selector={
+                "Count": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.Executions")),
+                "Names": sfn.JsonPath.list_at("$.Executions[*].Name"),
+            },
+            result_path="$.Running",
+        )
+        refuse = sfn.Pass(
+            self,
+            "DescribeRefusal",
+            parameters={
+                "Cause": sfn.JsonPath.format(
+                    "another job runs on this cluster; one job at a time (running jobs: {})",
+                    sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Running.Names")),
+                )
+            },
+            result_path="$.Refusal",
+        ).next(
+            sfn.Fail(self, "JobRefused", error="JobAlreadyRunning", cause_path="$.Refusal.Cause")
+        )
+        notify_start = self._notify(
+            "NotifyStart",
+            "started",
+            "Job {} started on {} nodes of {} (up to {} retries).",
+            job_id,
+            str(config.node_count),
+            config.cluster_name,
+            sfn.JsonPath.string_at("$.Job.MaxRetries"),
+        )
+
+        # Waiting for a full set of nodes ------------------------------------------------
+        # InService in the group means the node's bootstrap completed the launch lifecycle hook
+        # (contract C2); Healthy, that nothing asked the group to replace it.
+        read_group = self._sdk(
+            "ReadGroup",
+            "autoscaling",
+            "describeAutoScalingGroups",
+            {"AutoScalingGroupNames": [config.auto_scaling_group_name]},
+            ["*"],
+            iam_action="autoscaling:DescribeAutoScalingGroups",
+            result_selector={
+                "InService.$": (
+                    "$.AutoScalingGroups[0].Instances[?(@.LifecycleState == 'InService')]"
+                )
+            },
+            result_path="$.Group",
+        )
+        healthy = sfn.Pass(
+            self,
+            "SelectHealthy",
+            parameters={"Ids.$": "$.Group.InService[?(@.HealthStatus == 'Healthy')].InstanceId"},
+            result_path="$.Group",
+        )
+        count = sfn.Pass(
+            self,
+            "CountNodes",
+            parameters={
+                "Ids": sfn.JsonPath.list_at("$.Group.Ids"),
+                "Count": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.Group.Ids")),
+            },
+            result_path="$.Group",
+        )
+        wait_nodes = sfn.Wait(
+            self,
+            "WaitForNodes",
+            time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"),
+        )
+        addresses = self._sdk(
+            "ReadAddresses",
+            "ec2",
+            "describeInstances",
+            {"InstanceIds": sfn.JsonPath.list_at("$.Group.Ids")},
+            ["*"],
+            iam_action="ec2:DescribeInstances",
+            result_selector={
+                "Ids": sfn.JsonPath.list_at("$.Reservations[*].Instances[*].InstanceId"),
+                "Addresses": sfn.JsonPath.list_at(
+                    "$.Reservations[*].Instances[*].PrivateIpAddress"
+                ),
+            },
+            result_path="$.Nodes",
+        )
+        # ASL has no join: the host list "a,b,c" is built one address at a time.
+        first_host = sfn.Pass(
+            self,
+            "StartHostList",
+            parameters={
+                "Hosts": sfn.JsonPath.array_get_item(sfn.JsonPath.list_at("$.Nodes.Addresses"), 0),
+                "Index": 1,
+            },
+            result_path="$.Join",
+        )
+        add_host = sfn.Pass(
+            self,
+            "AddHost",
+            parameters={
+                "Hosts.$": "States.Format('{},{}', $.Join.Hosts, "
+                "States.ArrayGetItem($.Nodes.Addresses, $.Join.Index))",
+                "Index.$": "States.MathAdd($.Join.Index, 1)",
+            },
+            result_path="$.Join",
+        )
+        nodes_ready = sfn.Pass(
+            self,
+            "NodesReady",
+            parameters={
+                "Ids": sfn.JsonPath.list_at("$.Nodes.Ids"),
+                "Hosts": sfn.JsonPath.string_at("$.Join.Hosts"),
+                "Batches.$": f"States.ArrayPartition($.Nodes.Ids, {SEND_BATCH})",
+                "Since": sfn.JsonPath.string_at("$$.State.EnteredTime"),
+            },
+            result_path="$.Nodes",
+        )
+        more_hosts = sfn.Choice(self, "MoreHosts")
+        more_hosts.when(
+            sfn.Condition.number_less_than("$.Join.Index", config.node_count), add_host
+        ).otherwise(nodes_ready)
+        add_host.next(more_hosts)
+        full_set = sfn.Choice(self, "FullSet")
+        full_set.when(
+            sfn.Condition.number_equals("$.Group.Count", config.node_count), addresses
+        ).otherwise(wait_nodes)
+        wait_nodes.next(read_group)
+        read_group.next(healthy).next(count).next(full_set)
+        addresses.next(first_host).next(more_hosts)
+
+        # Preflight and training ------------------------------------------------------------
+        preflight = self._run(
+            "Preflight",
+            {
+                "Hosts": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Hosts")),
+                "Port": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.PreflightPort")),
+            },
+            comment="{} preflight {}",
+        )
+        training = self._run(
+            "RunTraining",
+            {
+                "Hosts": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Hosts")),
+                "JobId": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.JobId")),
+                "MasterPort": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.MasterPort")),
+                "NprocPerNode": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.NprocPerNode")),
+                "TrainArgs": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.TrainArgs")),
+            },
+            comment="{} attempt {}",
+        )
+        count_attempt = sfn.Pass(
+            self,
+            "CountAttempt",
+            parameters={
+                "Retries": sfn.JsonPath.number_at("$.Counters.Retries"),
+                "Legs": sfn.JsonPath.number_at("$.Counters.Legs"),
+                "Attempts.$": "States.MathAdd($.Counters.Attempts, 1)",
+            },
+            result_path="$.Counters",
+        )
+        nodes_ready.next(count_attempt).next(preflight.start)
+
+        finished = self._notify(
+            "NotifyFinish",
+            "finished",
+            "Job {} finished on all {} nodes after {} retries and {} legs.",
+            job_id,
+            str(config.node_count),
+            sfn.JsonPath.string_at("$.Counters.Retries"),
+            sfn.JsonPath.string_at("$.Counters.Legs"),
+        ).next(sfn.Succeed(self, "JobFinished"))
+        next_leg = sfn.Pass(
+            self,
+            "CountLeg",
+            comment="A leg that ended at its time limit: resume without spending a retry.",
+            parameters={
+                "Retries": sfn.JsonPath.number_at("$.Counters.Retries"),
+                "Legs.$": "States.MathAdd($.Counters.Legs, 1)",
+                "Attempts": sfn.JsonPath.number_at("$.Counters.Attempts"),
+            },
+            result_path="$.Counters",
+        )
+        next_leg.next(
+            self._notify(
+                "NotifyLeg",
+                "continues",
+                "Job {}: leg {} ended at its time limit and saved a checkpoint; the next leg "
+                "resumes from it (commands {}).",
+                job_id,
+                sfn.JsonPath.string_at("$.Counters.Legs"),
+                sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
+            )
+        ).next(read_group)
+        failed = self._notify(
+            "NotifyFailure",
+            "failed",
+            "Job {} failed after {} retries (commands {}). Read the output with "
+            "`cluster.py logs --job-id {}`.",
+            job_id,
+            sfn.JsonPath.string_at("$.Counters.Retries"),
+            sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
+            job_id,
+        ).next(
+            sfn.Fail(self, "JobFailed", error="JobFailed", cause="the job's last attempt failed")
+        )
+        count_retry = sfn.Pass(
+            self,
+            "CountRetry",
+            parameters={
+                "Retries.$": "States.MathAdd($.Counters.Retries, 1)",
+                "Legs": sfn.JsonPath.number_at("$.Counters.Legs"),
+                "Attempts": sfn.JsonPath.number_at("$.Counters.Attempts"),
+            },
+            result_path="$.Counters",
+        )
+        count_retry.next(
+            self._notify(
+                "NotifyRetry",
+                "retries",
+                "Job {}: attempt failed (commands {}); retry {} of {} resumes from the latest "
+                "checkpoint once a full set of nodes passes preflight.",
+                job_id,
+                sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
+                sfn.JsonPath.string_at("$.Counters.Retries"),
+                sfn.JsonPath.string_at("$.Job.MaxRetries"),
+            )
+        ).next(
+            sfn.Wait(
+                self, "WaitBeforeRetry", time=sfn.WaitTime.seconds_path("$.Job.RetryDelaySeconds")
+            )
+        ).next(read_group)
+        retry_left = sfn.Choice(self, "RetryLeft")
+        retry_left.when(
+            sfn.Condition.number_greater_than_equals_json_path(
+                "$.Counters.Retries", "$.Job.MaxRetries"
+            ),
+            failed,
+        ).otherwise(count_retry)
+
+        preflight_outcome = sfn.Choice(self, "PreflightPassed")
+        preflight_outcome.when(
+            sfn.Condition.or_(
+                sfn.Condition.boolean_equals("$.Verdict.Bad", True),
+                sfn.Condition.boolean_equals("$.Verdict.Replaced", True),
+            ),
+            retry_left,
+        ).otherwise(training.start)
+        preflight.end.next(preflight_outcome)
+
+        # Was the attempt ended by `cluster.py stop` (a StopTraining command for this job)?
+        stop_commands = self._sdk(
+            "ListStopCommands",
+            "ssm",
+            "listCommands",
+            {"Filters": sfn.JsonPath.list_at("$.StopFilters.Filters")},
+            ["*"],
+            iam_action="ssm:ListCommands",
+            result_selector={"Commands": sfn.JsonPath.list_at("$.Commands")},
+            result_path="$.Stop",
+        )
+        # ASL expands paths in objects, not in arrays: the filter list is built with
+        # States.Array from two objects.
+        stop_filter = sfn.Pass(
+            self,
+            "StopFilter",
+            parameters={
+                "Document": {"key": "DocumentName", "value": self.documents["StopTraining"].ref},
+                "After": {"key": "InvokedAfter", "value": sfn.JsonPath.string_at("$.Nodes.Since")},
+            },
+            result_path="$.StopFilters",
+        )
+        stop_filters = sfn.Pass(
+            self,
+            "StopFilters",
+            parameters={
+                "Filters": sfn.JsonPath.array(
+                    sfn.JsonPath.string_at("$.StopFilters.Document"),
+                    sfn.JsonPath.string_at("$.StopFilters.After"),
+                )
+            },
+            result_path="$.StopFilters",
+        )
+        stop_filter.next(stop_filters).next(stop_commands)
+        # Which job each StopTraining command was for; ASL compares two paths only in a
+        # Choice, so each command goes through one.
+        stop_for = sfn.Choice(self, "StopForThisJob")
+        stop_for.when(
+            sfn.Condition.string_equals_json_path("$.JobId", "$.Wanted"),
+            sfn.Pass(self, "ThisJob", result=sfn.Result.from_string("stop")),
+        ).otherwise(sfn.Pass(self, "OtherJob", result=sfn.Result.from_string("other")))
+        stop_jobs = sfn.Map(
+            self,
+            "StopCommandJobs",
+            items_path="$.Stop.Commands",
+            item_selector={
+                "JobId": sfn.JsonPath.string_at("$$.Map.Item.Value.Parameters.JobId[0]"),
+                "Wanted": sfn.JsonPath.string_at("$.Job.JobId"),
+            },
+            result_path="$.Stop.Matches",
+        )
+        stop_jobs.item_processor(stop_for)
+        stop_match = sfn.Pass(
+            self,
+            "StopMatched",
+            parameters={"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')"},
+            result_path="$.Stop",
+        )
+        stopped = self._notify(
+            "NotifyStopped",
+            "stopped",
+            "Job {} was stopped (StopTraining); not retrying.",
+            job_id,
+        ).next(sfn.Fail(self, "JobStopped", error="JobStopped", cause="StopTraining ended the job"))
+        was_stopped = sfn.Choice(self, "WasStopped")
+        was_stopped.when(sfn.Condition.boolean_equals("$.Stop.Stopped", True), stopped).otherwise(
+            retry_left
+        )
+        any_stop = sfn.Choice(self, "AnyStopCommand")
+        # A filter that matches nothing reads as [] in Step Functions; asked only when there is
+        # a StopTraining command at all.
+        any_stop.when(sfn.Condition.is_present("$.Stop.Commands[0]"), stop_jobs).otherwise(
+            retry_left
+        )
+        stop_commands.next(any_stop)
+        stop_jobs.next(stop_match).next(was_stopped)
+
+        training_outcome = sfn.Choice(self, "TrainingOutcome")
+        training_outcome.when(
+            sfn.Condition.boolean_equals("$.Verdict.Bad", True), stop_filter
+        ).when(sfn.Condition.boolean_equals("$.Verdict.Leg", True), next_leg).otherwise(finished)
+        training.end.next(training_outcome)
+
+        one_job = sfn.Choice(self, "OneJobAtATime")
+        one_job.when(sfn.Condition.number_greater_than("$.Running.Count", 1), refuse).otherwise(
+            notify_start
+        )
+        notify_start.next(read_group)
+        return with_defaults.next(defaults).next(running).next(one_job)
+
+    def _run(self, document: str, parameters: dict[str, Any], *, comment: str) -> _Run:
+        """Sends `document` to every node (a SendCommand per batch of at most 50), follows each
+        command to its end, and classifies every invocation: $.Verdict says whether any was
+        bad, any ended its leg (RunTraining) or any node was marked for replacement
+        (Preflight); $.Outcome lists the command IDs."""
+        config = self.config
+        p = document
+        send = self._sdk(
+            f"{p}Send",
+            "ssm",
+            "sendCommand",
+            {
+                "DocumentName": self.documents[document].ref,
+                "InstanceIds": sfn.JsonPath.list_at("$.InstanceIds"),
+                "Parameters": parameters,
+                "Comment": sfn.JsonPath.format(
+                    comment,
+                    sfn.JsonPath.string_at("$.Job.JobId"),
+                    sfn.JsonPath.string_at("$.Attempt"),
+                ),
+                "CloudWatchOutputConfig": {
+                    "CloudWatchLogGroupName": self.training_log_group.log_group_name,
+                    "CloudWatchOutputEnabled": True,
+                },
+            },
+            [self._document_arn(document)],
+            iam_action="ssm:SendCommand",
+            result_selector={"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
+            result_path="$.Command",
+        )
+        # The instances a command may go to: this cluster's nodes only, by their tag.
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["ssm:SendCommand"],
+                resources=[self._instances_arn()],
+                conditions={
+                    "StringEquals": {f"ssm:resourceTag/{CLUSTER_TAG_KEY}": config.cluster_name}
+                },
+            )
+        )
+        wait = sfn.Wait(self, f"{p}Wait", time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"))
+        poll = self._sdk(
+            f"{p}Poll",
+            "ssm",
+            "listCommands",
+            {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
+            ["*"],
+            iam_action="ssm:ListCommands",
+            result_selector={
+                # The whole command, not fields of it: a path that ends at an array element
+                # reads the same in every JSONPath evaluator (moto's returns a list for
+                # "$.Commands[0].Status").
+                "Command": sfn.JsonPath.object_at("$.Commands[0]"),
+            },
+            result_path="$.Poll",
+        )
+        grace = sfn.Pass(self, f"{p}GraceStarts", result=sfn.Result.from_boolean(True),
+                         result_path="$.Grace")  # fmt: skip
+        wait_grace = sfn.Wait(
+            self, f"{p}WaitGrace", time=sfn.WaitTime.seconds_path("$.Job.FailureGraceSeconds")
+        )
+        cancel = self._sdk(
+            f"{p}CancelRest",
+            "ssm",
+            "cancelCommand",
+            {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
+            ["*"],
+            iam_action="ssm:CancelCommand",
+        )
+        cancelled = sfn.Pass(self, f"{p}Cancelled", result=sfn.Result.from_boolean(True),
+                             result_path="$.Cancelled")  # fmt: skip
+        results = self._sdk(
+            f"{p}Results",
+            "ssm",
+            "listCommandInvocations",
+            # One page: a batch holds at most 50 invocations.
+            {
+                "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
+                "Details": True,
+                "MaxResults": SEND_BATCH,
+            },
+            ["*"],
+            iam_action="ssm:ListCommandInvocations",
+            result_selector={"Invocations": sfn.JsonPath.list_at("$.CommandInvocations")},
+            result_path="$.Results",
+        )
+        ended = sfn.Choice(self, f"{p}Ended")
+        ended.when(
+            sfn.Condition.or_(
+                *(sfn.Condition.string_equals("$.Poll.Command.Status", s) for s in COMMAND_ENDED)
+            ),
+            results,
+        ).when(sfn.Condition.is_present("$.Cancelled"), wait).when(
+            sfn.Condition.and_(
+                sfn.Condition.is_present("$.Grace"),
+                sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0),
+            ),
+            cancel,
+        ).when(
+            sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0), grace
+        ).otherwise(wait)
+        send.next(wait).next(poll).next(ended)
+        grace.next(wait_grace).next(poll)
+        cancel.next(cancelled).next(wait)
+
+        # Each invocation: ok, leg (ended at its time limit), replaced or bad. An invocation
+        # that was never delivered has no plugin and so no ResponseCode: bad.
+        classify = sfn.Choice(self, f"{p}Classify")
+        by_code = sfn.Choice(self, f"{p}ByCode")
+        ok = sfn.Pass(self, f"{p}Ok", result=sfn.Result.from_string("ok"))
+        bad = sfn.Pass(self, f"{p}Bad", result=sfn.Result.from_string("bad"))
+        plugin = sfn.Pass(
+            self,
+            f"{p}Plugin",
+            parameters={
+                "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
+                "Plugin": sfn.JsonPath.object_at("$.CommandPlugins[0]"),
+            },
+        )
+        plugin.next(by_code)
+        code = "$.Plugin.ResponseCode"
+        classify.when(sfn.Condition.string_equals("$.Status", "Success"), ok).when(
+            sfn.Condition.and_(
+                sfn.Condition.string_equals("$.Status", "Failed"),
+                sfn.Condition.is_present("$.CommandPlugins[0]"),
+            ),
+            plugin,
+        ).otherwise(bad)
+        if document == "RunTraining":
+            by_code.when(
+                sfn.Condition.number_equals(code, LEG_TIME_LIMIT_STATUS),
+                sfn.Pass(self, f"{p}Leg", result=sfn.Result.from_string("leg")),
+            )
+        if document == "Preflight":
+            mark = self._sdk(
+                f"{p}MarkUnhealthy",
+                "autoscaling",
+                "setInstanceHealth",
+                {
+                    "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
+                    "HealthStatus": "Unhealthy",
+                    "ShouldRespectGracePeriod": False,
+                },
+                [self._group_arn()],
+                iam_action="autoscaling:SetInstanceHealth",
+            )
+            mark.add_catch(bad, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+            mark.next(sfn.Pass(self, f"{p}Replaced", result=sfn.Result.from_string("replaced")))
+            by_code.when(sfn.Condition.number_equals(code, REPLACE_NODE_STATUS), mark)
+        by_code.otherwise(bad)
+        each = sfn.Map(
+            self,
+            f"{p}EachInvocation",
+            items_path="$.Results.Invocations",
+            result_path="$.Classes",
+        )
+        each.item_processor(classify)
+        results.next(each).next(
+            sfn.Pass(
+                self,
+                f"{p}BatchResult",
+                parameters={
+                    "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
+                    "Classes": sfn.JsonPath.list_at("$.Classes"),
+                },
+            )
+        )
+        batches = sfn.Map(
+            self,
+            f"{p}Batches",
+            comment=f"{document} on every node: one SendCommand per batch of {SEND_BATCH}.",
+            items_path="$.Nodes.Batches",
+            item_selector={
+                "InstanceIds": sfn.JsonPath.list_at("$$.Map.Item.Value"),
+                "Hosts": sfn.JsonPath.string_at("$.Nodes.Hosts"),
+                "Job": sfn.JsonPath.object_at("$.Job"),
+                "Attempt": sfn.JsonPath.number_at("$.Counters.Attempts"),
+            },
+            result_selector={
+                "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
+                "Classes": sfn.JsonPath.list_at("$[*].Classes[*]"),
+            },
+            result_path="$.Outcome",
+        )
+        batches.item_processor(send)
+        verdict = sfn.Pass(
+            self,
+            f"{p}Verdict",
+            parameters={
+                "Bad.$": "States.ArrayContains($.Outcome.Classes, 'bad')",
+                "Leg.$": "States.ArrayContains($.Outcome.Classes, 'leg')",
+                "Replaced.$": "States.ArrayContains($.Outcome.Classes, 'replaced')",
+            },
+            result_path="$.Verdict",
+        )
+        batches.next(verdict)
+        return _Run(start=batches, end=verdict)
+
+    def _acknowledge(self) -> None:
+        config = self.config
+        arn = f"arn:{RegionInfo.get(config.region).partition}"
+        acknowledge(
+            self.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "Resource * only for actions that have no resource-level permissions (Service "
+            "Authorization Reference): ssm:ListCommands, ssm:ListCommandInvocations, "
+            "ssm:CancelCommand, ec2:DescribeInstances, autoscaling:DescribeAutoScalingGroups, "
+            "and the X-Ray and CloudWatch Logs delivery actions Step Functions needs for "
+            "tracing and execution logs.",
+        )
+        acknowledge(
+            self.role,
+            f"AwsSolutions-IAM5[Resource::{arn}:ec2:{config.region}:<AWS::AccountId>:instance/*]",
+            "ssm:SendCommand names the instances it runs on; the instance IDs change whenever "
+            "the group replaces a node, so the statement allows any instance and a condition "
+            f"(ssm:resourceTag/{CLUSTER_TAG_KEY}) limits it to this cluster's nodes.",
+        )
+        acknowledge(
+            self.role,
+            f"AwsSolutions-IAM5[Resource::{arn}:autoscaling:{config.region}:<AWS::AccountId>:"
+            f"autoScalingGroup:*:autoScalingGroupName/{config.auto_scaling_group_name}]",
+            "An Auto Scaling group ARN contains a UUID assigned at creation; the wildcard "
+            "stands for that UUID only, the group name is fixed.",
+        )
+        acknowledge(
+            self.role,
+            "NIST.800.53.R5-IAMNoInlinePolicy",
+            "The state machine's role has one policy of its own, written by aws-cdk-lib from "
+            "the service integrations the definition uses; it belongs to this role only and is "
+            "deleted with it, so a managed policy would add nothing.",
+        )
+        acknowledge(
+            self.role,
+            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
+            "Publishing to the cluster's topic, encrypted with the operations key, needs a data "
+            "key of that key only (kms:GenerateDataKey and kms:GenerateDataKeyWithoutPlaintext "
+            "variants on the one key ARN).",
+        )
+
+
+class _Run:
+    """The first and the last state of one document's run."""
+
+    def __init__(self, *, start: sfn.Map, end: sfn.Pass) -> None:
+        self.start = start
+        self.end = end

@@ -1,0 +1,421 @@
+"""The job supervisor (stacks/supervisor.py): a Step Functions standard state machine that runs
+one training job per execution.
+
+The template tests check what is deployed: a standard state machine with full execution logs
+and tracing, no Lambda function, only AWS SDK integrations, and a role that may call exactly
+those, on this cluster's resources only. The rehearsal tests execute the synthesized definition
+itself with moto's Amazon States Language interpreter; every SDK call it makes (SSM, Auto
+Scaling, EC2, SNS) is answered by the local Run Command stand-in
+(scripts/cluster_lib/localcloud.py), whose nodes run the real SSM documents, so the workflow
+drives a real two-node job: preflight, a cancelled node, the retry that resumes, a leg that ends
+at its time limit and the next leg.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.cluster_lib.documents import DOCUMENT_NAMES, join_train_args
+from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
+from tests.test_rehearsal import checkpoints, gone, job_metrics, sample_data, stand_in, train_args
+
+__all__ = ["sample_data"]  # a fixture of test_rehearsal, shared here
+
+#: The SDK integrations the definition may use, and the IAM action each needs.
+SDK_ACTIONS = {
+    "arn:aws:states:::aws-sdk:ssm:sendCommand": "ssm:SendCommand",
+    "arn:aws:states:::aws-sdk:ssm:listCommands": "ssm:ListCommands",
+    "arn:aws:states:::aws-sdk:ssm:listCommandInvocations": "ssm:ListCommandInvocations",
+    "arn:aws:states:::aws-sdk:ssm:cancelCommand": "ssm:CancelCommand",
+    "arn:aws:states:::aws-sdk:autoscaling:describeAutoScalingGroups": (
+        "autoscaling:DescribeAutoScalingGroups"
+    ),
+    "arn:aws:states:::aws-sdk:autoscaling:setInstanceHealth": "autoscaling:SetInstanceHealth",
+    "arn:aws:states:::aws-sdk:ec2:describeInstances": "ec2:DescribeInstances",
+    "arn:aws:states:::aws-sdk:sns:publish": "sns:Publish",
+    "arn:aws:states:::aws-sdk:sfn:listExecutions": "states:ListExecutions",
+}
+#: What Step Functions itself needs for execution logs and X-Ray tracing (CDK adds them).
+SERVICE_ACTIONS = {
+    "logs:CreateLogDelivery", "logs:DeleteLogDelivery", "logs:DescribeLogGroups",
+    "logs:DescribeResourcePolicies", "logs:GetLogDelivery", "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy", "logs:UpdateLogDelivery", "xray:GetSamplingRules",
+    "xray:GetSamplingTargets", "xray:PutTelemetryRecords", "xray:PutTraceSegments",
+    "kms:Decrypt", "kms:GenerateDataKey*",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def default() -> Synth:
+    return synth()
+
+
+def definition_parts(template: dict[str, Any]) -> list[Any]:
+    machine = only_resource(template, "AWS::StepFunctions::StateMachine")
+    parts: list[Any] = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
+    return parts
+
+
+def resolve(template: dict[str, Any], refs: dict[str, str]) -> dict[str, Any]:
+    """The definition with its references replaced, as CloudFormation would deploy it."""
+    text = ""
+    for part in definition_parts(template):
+        if isinstance(part, str):
+            text += part
+        else:
+            assert set(part) == {"Ref"}, part
+            text += refs[part["Ref"]]
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
+
+
+def states(definition: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every state, those inside Map states too."""
+    for name, state in definition["States"].items():
+        yield name, state
+        if "ItemProcessor" in state:
+            yield from states(state["ItemProcessor"])
+
+
+def placeholder_refs(template: dict[str, Any]) -> dict[str, str]:
+    refs = {"AWS::Partition": "aws"}
+    for part in definition_parts(template):
+        if isinstance(part, dict):
+            refs.setdefault(part["Ref"], f"<{part['Ref']}>")
+    return refs
+
+
+# ------------------------------------------------------------------------- template
+
+
+def test_the_supervisor_is_a_standard_state_machine_with_logs_and_tracing(default: Synth) -> None:
+    template = default.templates["operations"]
+    machine = only_resource(template, "AWS::StepFunctions::StateMachine")["Properties"]
+    assert machine["StateMachineType"] == "STANDARD"  # runs up to a year, keeps its history
+    assert machine["StateMachineName"] == f"{default.config.cluster_name}-jobs"
+    assert machine["TracingConfiguration"] == {"Enabled": True}
+    assert machine["LoggingConfiguration"]["Level"] == "ALL"
+    assert machine["LoggingConfiguration"]["IncludeExecutionData"] is True
+    outputs = template["Outputs"]
+    assert "JobStateMachineArn" in outputs
+    # ASL expresses everything: no Lambda function in the operations stack.
+    assert resources(template, "AWS::Lambda::Function") == {}
+
+
+def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synth) -> None:
+    template = default.templates["operations"]
+    definition = resolve(template, placeholder_refs(template))
+    used = {state["Resource"] for _, state in states(definition) if state["Type"] == "Task"}
+    assert used == set(SDK_ACTIONS), used ^ set(SDK_ACTIONS)
+    machine = only_resource(template, "AWS::StepFunctions::StateMachine")
+    role_id = machine["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    (policy,) = [
+        p["Properties"]["PolicyDocument"]["Statement"]
+        for p in resources(template, "AWS::IAM::Policy").values()
+        if p["Properties"]["Roles"] == [{"Ref": role_id}]
+    ]
+    allowed: dict[str, list[Any]] = {}
+    for statement in policy:
+        assert statement["Effect"] == "Allow"
+        actions = statement["Action"]
+        for action in [actions] if isinstance(actions, str) else actions:
+            resource = statement["Resource"]
+            allowed.setdefault(action, []).append(
+                {"resource": resource, "condition": statement.get("Condition")}
+            )
+    # Exactly what the definition calls, plus what logs and tracing need: nothing more.
+    assert set(allowed) == set(SDK_ACTIONS.values()) | SERVICE_ACTIONS
+    cluster = default.config.cluster_name
+    # SendCommand: the cluster's Preflight and RunTraining documents, on instances carrying
+    # the cluster's tag; never on every document.
+    send = allowed["ssm:SendCommand"]
+    documents = [json.dumps(s["resource"]) for s in send if s["condition"] is None]
+    assert len(documents) == 1
+    assert '"PreflightDocument"' in documents[0] and '"RunTrainingDocument"' in documents[0]
+    (instances,) = [s for s in send if s["condition"] is not None]
+    assert instances["condition"] == {
+        "StringEquals": {"ssm:resourceTag/trainium-cluster:name": cluster}
+    }
+    assert ":instance/*" in json.dumps(instances["resource"])
+    (health,) = allowed["autoscaling:SetInstanceHealth"]
+    assert json.dumps(health["resource"]).endswith(
+        f':autoScalingGroup:*:autoScalingGroupName/{default.config.auto_scaling_group_name}"]]}}'
+    )
+    (topic,) = allowed["sns:Publish"]
+    assert topic["resource"] == {"Ref": next(iter(resources(template, "AWS::SNS::Topic")))}
+    (executions,) = allowed["states:ListExecutions"]
+    assert json.dumps(executions["resource"]).endswith(f':stateMachine:{cluster}-jobs"]]}}')
+
+
+def test_the_definition_sends_the_cluster_documents_with_the_job_parameters(
+    default: Synth,
+) -> None:
+    template = default.templates["operations"]
+    definition = resolve(template, placeholder_refs(template))
+    sends = {
+        state["Parameters"]["DocumentName"]: state["Parameters"]
+        for _, state in states(definition)
+        if state.get("Resource") == "arn:aws:states:::aws-sdk:ssm:sendCommand"
+    }
+    assert set(sends) == {"<PreflightDocument>", "<RunTrainingDocument>"}
+    training = sends["<RunTrainingDocument>"]["Parameters"]
+    # Every node gets the same job ID and the full, ordered host list.
+    assert training["JobId.$"] == "States.Array($.Job.JobId)"
+    assert training["Hosts.$"] == "States.Array($.Hosts)"
+    # A batch of at most 50 instances per SendCommand (SSM API reference, InstanceIds).
+    batches = [s for _, s in states(definition) if s.get("ItemsPath") == "$.Nodes.Batches"]
+    assert len(batches) == 2
+    (ready,) = [s for n, s in states(definition) if n == "NodesReady"]
+    assert ready["Parameters"]["Batches.$"] == "States.ArrayPartition($.Nodes.Ids, 50)"
+
+
+@pytest.mark.slow
+def test_the_operations_template_with_the_supervisor_lints_clean(default: Synth) -> None:
+    path = default.outdir / f"{default.config.cluster_name}-operations.template.json"
+    assert cfn_lint([path], region=default.config.region) == []
+
+
+# ----------------------------------------------------------------------- executions
+
+
+class Supervisor:
+    """The synthesized state machine in moto's ASL interpreter, its SDK calls answered by
+    the Run Command stand-in."""
+
+    def __init__(self, cloud: Any, template: dict[str, Any], cluster_name: str) -> None:
+        import boto3
+
+        self.cloud = cloud
+        outputs = cloud.stack_outputs()
+        refs = {"AWS::Partition": "aws"}
+        for name in DOCUMENT_NAMES:
+            refs[f"{name}Document"] = outputs[f"{name}DocumentName"]
+        for logical_id in resources(template, "AWS::SNS::Topic"):
+            refs[logical_id] = f"arn:aws:sns:us-east-1:123456789012:{cluster_name}-alarms"
+        for logical_id, group in resources(template, "AWS::Logs::LogGroup").items():
+            if "LogGroupName" not in group["Properties"]:
+                refs[logical_id] = outputs["TrainingLogGroupName"]
+        self.definition = resolve(template, refs)
+        self.client = boto3.client("stepfunctions", region_name="us-east-1")
+        self.arn = self.client.create_state_machine(
+            name=f"{cluster_name}-jobs",
+            definition=json.dumps(self.definition),
+            roleArn="arn:aws:iam::123456789012:role/supervisor",
+            type="STANDARD",
+        )["stateMachineArn"]
+
+    def start(self, job_id: str, **job: Any) -> str:
+        arn: str = self.client.start_execution(
+            stateMachineArn=self.arn, name=job_id, input=json.dumps({"JobId": job_id, **job})
+        )["executionArn"]
+        return arn
+
+    def status(self, arn: str) -> str:
+        status: str = self.client.describe_execution(executionArn=arn)["status"]
+        return status
+
+    def wait(self, arn: str, timeout: float, until: Callable[[], bool] | None = None) -> str:
+        deadline = time.monotonic() + timeout
+        while (status := self.status(arn)) == "RUNNING":
+            if until is not None and until():
+                return status
+            assert time.monotonic() < deadline, (
+                f"still running after {timeout} s\n{self.trace(arn)}"
+            )
+            time.sleep(0.2)
+        return status
+
+    def describe(self, arn: str) -> dict[str, Any]:
+        described: dict[str, Any] = self.client.describe_execution(executionArn=arn)
+        return described
+
+    def entered(self, arn: str) -> list[str]:
+        """The states the execution entered, in order."""
+        events = self.client.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        return [
+            e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e
+        ]
+
+    def trace(self, arn: str) -> str:
+        events = self.client.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        lines = []
+        for event in events[-40:]:
+            details = {k: v for k, v in event.items() if k.endswith("EventDetails")}
+            lines.append(f"{event['type']} {json.dumps(details, default=str)[:400]}")
+        return "\n".join(lines)
+
+
+def _pascal(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k[:1].upper() + k[1:]: _pascal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_pascal(v) for v in value]
+    return value
+
+
+class SfnAsSdkIntegration:
+    """Step Functions' own API as an AWS SDK integration sees it. The service takes and gives
+    member names in PascalCase (StateMachineArn, Executions[*].Name) and converts them for the
+    API, whose JSON names are camelCase; moto's interpreter passes them through unchanged (its
+    StateTaskServiceAwsSdk has no name conversion), so this test client converts both ways."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.client, name)
+
+        def call(**params: Any) -> Any:
+            response = method(**{k[:1].lower() + k[1:]: v for k, v in params.items()})
+            return _pascal(response)
+
+        return call
+
+
+@pytest.fixture
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Any], None]]:
+    """moto with its ASL interpreter on; `route(cloud)` sends the interpreter's SDK calls to the
+    stand-in (Step Functions' own, ListExecutions, stay with moto)."""
+    from moto import mock_aws
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk as aws_sdk,
+    )
+
+    original = aws_sdk.boto_client_for
+
+    def route(cloud: Any) -> None:
+        session = cloud.session()
+
+        def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+            if service == "stepfunctions":
+                return SfnAsSdkIntegration(original(region, service, state_credentials))
+            return session.client(service, region_name=region)
+
+        monkeypatch.setattr(aws_sdk, "boto_client_for", client_for)
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        yield route
+
+
+FAST = {"PollSeconds": 1, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
+    tmp_path: Path, sample_data: Path, default: Synth, interpreter: Callable[[Any], None]
+) -> None:
+    """The synthesized definition runs a two-node job: preflight passes, RunTraining starts on
+    both nodes with one job ID; one node's command is cancelled the agent's way mid-run; the
+    workflow cancels the rest after the grace, notifies, waits for the nodes, re-runs
+    preflight and sends the same job ID again, which resumes from its last checkpoint and
+    finishes. A second job started meanwhile is refused, naming the running one."""
+    job = "supervised"
+    args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
+                      "--eval-every", "60", "--log-every", "5")  # fmt: skip
+    cluster_name = default.config.cluster_name
+    with stand_in(tmp_path, cluster_name=cluster_name) as cloud:
+        interpreter(cloud)
+        supervisor = Supervisor(cloud, default.templates["operations"], cluster_name)
+        execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=1, **FAST)
+        job_dir = tmp_path / "jobs" / job
+        deadline = time.monotonic() + 400
+        while not checkpoints(job_dir):
+            assert time.monotonic() < deadline, supervisor.trace(execution)
+            assert supervisor.status(execution) == "RUNNING", supervisor.trace(execution)
+            time.sleep(0.2)
+
+        second = supervisor.start("second", TrainArgs=join_train_args(args), **FAST)
+        assert supervisor.wait(second, 60) == "FAILED"
+        refusal = supervisor.describe(second)
+        assert refusal["error"] == "JobAlreadyRunning"
+        assert f'"{job}"' in refusal["cause"], refusal["cause"]
+
+        (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert command.parameters["JobId"] == [job]
+        hosts = ",".join(i.address for i in cloud.running())
+        assert sorted(command.parameters["Hosts"][0].split(",")) == sorted(hosts.split(","))
+        victim = cloud.running()[1]
+        cloud.cancel(command.command_id, victim.instance_id)
+        status = supervisor.wait(execution, 600)
+        assert status == "SUCCEEDED", supervisor.trace(execution)
+
+        invocation = command.invocations[victim.instance_id].status()
+        assert (invocation["status"], invocation["code"]) == ("Cancelled", 137)
+        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert len(legs) == 2
+        assert [c.parameters["JobId"] for c in legs] == [[job], [job]]
+        preflights = [c for c in cloud.commands.values() if c.document.endswith("Preflight")]
+        assert len(preflights) == 2
+        assert all(i.status()["status"] == "Success" for i in preflights[1].invocations.values())
+        resumes = job_metrics(tmp_path, job, "resume")
+        assert resumes and 0 < resumes[-1]["step"] < 60
+        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 60
+        subjects = [n["Subject"] for n in cloud.notifications]
+        assert subjects == [
+            f"{cluster_name}: job {job} started",
+            f"{cluster_name}: job {job} retries",
+            f"{cluster_name}: job {job} finished",
+        ], subjects
+        assert "retry 1 of 1" in cloud.notifications[1]["Message"]
+        assert command.command_id in cloud.notifications[1]["Message"]
+        entered = supervisor.entered(execution)
+        assert entered.count("PreflightBatches") == 2 and entered.count("RunTrainingBatches") == 2
+        assert "RunTrainingCancelRest" in entered or "RunTrainingGraceStarts" in entered
+        assert gone(job), "a process of the job outlived it"
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
+    tmp_path: Path, sample_data: Path, default: Synth, interpreter: Callable[[Any], None]
+) -> None:
+    """RunTraining's ExecutionTimeout made short for the first leg: launch.sh ends the leg, the
+    trainers save and the nodes report ResponseCode 75; the workflow, with no retry to spend,
+    starts the next leg, which resumes and finishes."""
+    job = "legs"
+    args = train_args(sample_data, "--max-steps", "1500", "--checkpoint-every", "100",
+                      "--eval-every", "1500", "--log-every", "10")  # fmt: skip
+    defaults = {"RunTraining": {"ExecutionTimeout": "60", "StopGraceSeconds": "30"}}
+    cluster_name = default.config.cluster_name
+    with stand_in(tmp_path, cluster_name=cluster_name, document_defaults=defaults) as cloud:
+        interpreter(cloud)
+        supervisor = Supervisor(cloud, default.templates["operations"], cluster_name)
+        execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=0, **FAST)
+        deadline = time.monotonic() + 300
+        while not any(c.document.endswith("RunTraining") for c in cloud.commands.values()):
+            assert time.monotonic() < deadline, supervisor.trace(execution)
+            assert supervisor.status(execution) == "RUNNING", supervisor.trace(execution)
+            time.sleep(0.2)
+        cloud.document_defaults = {}  # later legs get the document's defaults
+        status = supervisor.wait(execution, 900)
+        assert status == "SUCCEEDED", supervisor.trace(execution)
+        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert len(legs) == 2
+        first = {
+            (s["status"], s["code"]) for s in (i.status() for i in legs[0].invocations.values())
+        }
+        assert first <= {("Failed", 75), ("Success", 0)} and ("Failed", 75) in first
+        stopped = [s for s in job_metrics(tmp_path, job, "summary") if s.get("stopped_by_signal")]
+        assert stopped and 0 < stopped[0]["step"] < 1500
+        resumes = job_metrics(tmp_path, job, "resume")
+        assert resumes and resumes[0]["step"] == stopped[0]["step"]
+        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 1500
+        subjects = [n["Subject"] for n in cloud.notifications]
+        assert subjects == [
+            f"{cluster_name}: job {job} started",
+            f"{cluster_name}: job {job} continues",
+            f"{cluster_name}: job {job} finished",
+        ], subjects
+        assert "after 0 retries and 2 legs" in cloud.notifications[-1]["Message"]
+        assert gone(job), "a process of the job outlived it"
