@@ -189,7 +189,33 @@ def build_model(
     model_config: Any = model.config
     if getattr(model_config, "use_cache", None):
         model_config.use_cache = False
+    _settle_loss(model, config.task)
     return model
+
+
+def _settle_loss(model: nn.Module, task: str) -> None:
+    """Decide now what transformers would otherwise decide inside the first forward.
+
+    Under ``torch.compile`` each costs the CUDA step (found in the H100 profile, README):
+
+    - classification: ``BertForSequenceClassification.forward`` sets
+      ``config.problem_type`` on its first call with labels; Dynamo's guard on it then fails
+      at the second step and the forward compiles again. Integer labels over ``num_labels``
+      classes are what the forward would pick: ``single_label_classification``.
+    - causal-lm: ``PreTrainedModel.__init__`` sets ``loss_type`` from the class name, and
+      ``GPT2LMHeadModel`` matches no entry of ``LOSS_MAPPING``; ``loss_function`` then logs a
+      warning on every call (a graph break: Dynamo does not trace loggers) before falling
+      back to ``ForCausalLM``, the loss it computes anyway.
+
+    A value the model or its config already has is kept.
+    """
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    bare: Any = model  # a PreTrainedModel: its attributes are not nn.Module's
+    if task == "classification" and getattr(bare.config, "problem_type", None) is None:
+        bare.config.problem_type = "single_label_classification"
+    if task == "causal-lm" and getattr(bare, "loss_type", None) not in LOSS_MAPPING:
+        bare.loss_type = "ForCausalLM"
 
 
 def _build_tiny(config: TrainConfig, tokenizer: Any, attn: str) -> nn.Module:
