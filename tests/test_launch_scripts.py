@@ -642,6 +642,70 @@ def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: Fa
     assert "FAIL ready: bootstrap has not finished after 0 s" in result.stderr
 
 
+def preflight_on_two_nodes(
+    node: FakeNode, versions: tuple[str | None, str | None]
+) -> list[subprocess.CompletedProcess[str]]:
+    """preflight.sh on two loopback nodes at once, with the project's own torchrun running
+    collective_check.py for real (gloo); each node's node.env carries its SOFTWARE_VERSION
+    (None: no node.env, as on nodes older than the variables)."""
+    healthy_trainium(node)
+    env = real_torchrun(node)
+    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
+    node.write_env()
+    hosts, port = ("127.0.0.1", "127.0.0.2"), str(free_port())
+    runs = []
+    for address, version in zip(hosts, versions, strict=True):
+        node_env = node.root / f"node-{address}.env"
+        if version is not None:
+            node_env.write_text(
+                f"AMI_ID=ami-0123456789abcdef0\nLAUNCH_TEMPLATE_VERSION=7\nSOFTWARE_VERSION={version}\n"
+            )
+        command = [
+            "bash", str(NODE / "preflight.sh"), "--hosts", ",".join(hosts), "--port", port,
+            "--node-address", address, "--nproc-per-node", "1",
+        ]  # fmt: skip
+        runs.append(subprocess.Popen(
+            command, env=node.env(**env, TRAINIUM_NODE_ENV=str(node_env)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+    results = []
+    for run in runs:
+        stdout, stderr = run.communicate(timeout=180)
+        results.append(subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr))
+    return results
+
+
+def test_preflight_fails_where_the_nodes_run_different_software(node: FakeNode) -> None:
+    """The supervisor only sees exit codes: the nodes themselves must refuse a mixed fleet,
+    with a status that is not 3 (no node is to be replaced: the fleet is to be rolled)."""
+    results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "0badc0ffee000001"))
+    expected = (
+        "FAIL node-software: the nodes run different software: node 0 (127.0.0.1) runs "
+        "version=5f0e2d9c1a7b3e44 launch-template-version=7 ami=ami-0123456789abcdef0; "
+        "node 1 (127.0.0.2) runs version=0badc0ffee000001 launch-template-version=7 "
+        "ami=ami-0123456789abcdef0: roll the fleet so that every node runs the current "
+        "launch template (python scripts/cluster.py roll, see the README)"
+    )
+    for address, result in zip(("127.0.0.1", "127.0.0.2"), results, strict=True):
+        assert result.returncode == 1, result.stderr  # a failed check; 3 would replace the node
+        lines = [m.group(2) for m in map(LOG_LINE.match, result.stderr.splitlines()) if m]
+        verdicts = [line for line in lines if re.match(r"(PASS|FAIL) node-software: ", line)]
+        assert verdicts == [expected], result.stderr
+        assert "collective" not in "".join(lines), "no all-reduce runs on a mixed fleet"
+        assert f"preflight FAILED on {address}: node-software" in result.stderr
+
+
+def test_preflight_passes_where_the_nodes_run_the_same_software(node: FakeNode) -> None:
+    results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "5f0e2d9c1a7b3e44"))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert (
+            "PASS node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
+            "ami=ami-0123456789abcdef0 on all 2 nodes"
+        ) in result.stderr
+        assert "PASS collective: all-reduce across 2 nodes x 1 processes" in result.stderr
+
+
 # --------------------------------------------------------------------------- precompile
 def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -> None:
     """neuron_parallel_compile sits in the Neuron venv's bin (not on Run Command's PATH):

@@ -1,8 +1,14 @@
 """Cross-node collective check run by preflight.sh under torchrun on every node.
 
-All-reduces a tensor across every process of every node, checks the sum, and reports the
+First the ranks agree on the node software: each all-gathers the (SOFTWARE_VERSION,
+LAUNCH_TEMPLATE_VERSION, AMI_ID) of its node (from the environment, 'unknown' where unset),
+and where the nodes differ every node prints one `FAIL node-software:` line naming who runs
+what and exits 4, before any all-reduce: the supervisor only sees exit codes, so the nodes
+themselves must refuse a mixed fleet. Otherwise it prints `PASS node-software: ...`, then
+all-reduces a tensor across every process of every node, checks the sum, and reports the
 bandwidth. On Trainium it goes through torch-xla's "xla" process group (Neuron collectives
-over EFA: the path training uses); elsewhere through gloo on the CPU.
+over EFA: the path training uses); elsewhere through gloo on the CPU. The software check
+always runs over gloo (all_gather_object needs a CPU group).
 """
 
 from __future__ import annotations
@@ -10,10 +16,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+#: The node scripts' software: bootstrap writes these into node.env (scripts/node/lib.sh).
+SOFTWARE_FIELDS = (
+    ("version", "SOFTWARE_VERSION"),
+    ("launch-template-version", "LAUNCH_TEMPLATE_VERSION"),
+    ("ami", "AMI_ID"),
+)
+#: Exit status when the nodes run different software (preflight.sh's 3 means "replace
+#: this node", which a roll of the fleet, not a replacement, fixes).
+SOFTWARE_MISMATCH_STATUS = 4
 
 
 def use_xla(device: str) -> bool:
@@ -26,6 +44,44 @@ def use_xla(device: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def node_software() -> str:
+    """`version=... launch-template-version=... ami=...`, as preflight's node-software line."""
+    return " ".join(f"{name}={os.environ.get(var) or 'unknown'}" for name, var in SOFTWARE_FIELDS)
+
+
+def check_software(group: Any, limit: int = 8) -> str:
+    """All-gathers every rank's node and software; returns the one line to print (on each
+    node's first process), which starts with PASS or FAIL. The FAIL line names the nodes of
+    each software, at most `limit` per software (SSM shows 24,000 characters of output)."""
+    import torch.distributed as dist
+
+    node = (
+        int(os.environ.get("GROUP_RANK", "0")),
+        os.environ.get("TRAINIUM_NODE_ADDRESS") or socket.gethostname(),
+    )
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (node, node_software()), group=group)
+    nodes: dict[tuple[int, str], str] = dict(sorted(gathered))
+    software = sorted(set(nodes.values()))
+    if len(software) == 1:
+        return f"PASS node-software: {software[0]} on all {len(nodes)} nodes"
+    groups: dict[str, list[str]] = {}
+    for (rank, host), sw in nodes.items():
+        groups.setdefault(sw, []).append(f"node {rank} ({host})")
+    parts = []
+    for sw, names in sorted(groups.items(), key=lambda item: -len(item[1])):
+        more = f" and {len(names) - limit} more" if len(names) > limit else ""
+        parts.append(
+            f"{', '.join(names[:limit])}{more} {'runs' if len(names) == 1 else 'run'} {sw}"
+        )
+    runs = "; ".join(parts)
+    return (
+        f"FAIL node-software: the nodes run different software: {runs}: roll the fleet so "
+        "that every node runs the current launch template (python scripts/cluster.py roll, "
+        "see the README)"
+    )
 
 
 def main() -> int:
@@ -49,6 +105,13 @@ def main() -> int:
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
         device = torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Every rank reaches the same verdict from the same gathered list, so all stop together.
+    software = check_software(dist.new_group(backend="gloo") if xla else None)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(software, flush=True)
+    if software.startswith("FAIL"):
+        dist.destroy_process_group()
+        return SOFTWARE_MISMATCH_STATUS
     elements = max(1, int(args.size_mb * 1024 * 1024 / 4))
 
     # The input comes from the host, so no rank's value is baked into its graph as a

@@ -15,8 +15,9 @@
 # Neuron tools are installed (a cross-node nccom-test starts its remote ranks with MPI over
 # SSH, which the nodes do not have: the torch all-reduce is the cross-node check). Prints one
 # PASS/FAIL line per check and one `node-software:` line (the software version, launch
-# template version and AMI that bootstrap recorded, which the CLI compares across nodes);
-# exits 1 when any check fails, 3 when the node has a hardware fault and should be replaced.
+# template version and AMI that bootstrap recorded); the collective check compares them
+# across nodes (PASS/FAIL node-software: nodes that differ must be rolled, `cluster.py roll`).
+# Exits 1 when any check fails, 3 when the node has a hardware fault and should be replaced.
 # --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
@@ -196,8 +197,13 @@ check_nccom() {
   fi
 }
 
+# The collective check first all-gathers every node's software (the node-software triple,
+# passed in explicitly: node.env is exported only where cluster.env exists) and refuses a
+# mixed fleet with one `FAIL node-software:` line naming the nodes; the supervisor sees only
+# exit codes, so the nodes must decide. That failure exits 1 like the others (not 3: no node
+# needs replacing, the fleet needs a roll).
 check_collective() {
-  local output status=0
+  local output status=0 software
   if ! activate_python 2>/dev/null; then
     fail collective "torchrun not found (NEURON_VENV=${NEURON_VENV:-unset})"
     return
@@ -205,9 +211,20 @@ check_collective() {
   output=$(
     cd "$NODE_DIR"
     TRAINIUM_JOB_ID="preflight" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" \
+      SOFTWARE_VERSION="${SOFTWARE_VERSION:-unknown}" \
+      LAUNCH_TEMPLATE_VERSION="${LAUNCH_TEMPLATE_VERSION:-unknown}" AMI_ID="${AMI_ID:-unknown}" \
       torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK" --master_addr "${HOSTS[0]}" \
       --master_port "$port" --nproc_per_node "$NPROC" collective_check.py --size-mb 16 2>&1
   ) || status=$?
+  software=$(grep -m 1 -E '^(PASS|FAIL) node-software: ' <<<"$output" || true)
+  case $software in
+    PASS*) pass node-software "${software#PASS node-software: }" ;;
+    FAIL*)
+      # The check stopped before the all-reduce: no collective verdict to give.
+      fail node-software "${software#FAIL node-software: }"
+      return
+      ;;
+  esac
   if ((status == 0)); then
     pass collective "all-reduce across ${#HOSTS[@]} nodes x $NPROC processes: $(grep '"event": "collective"' <<<"$output" || echo ok)"
   else
