@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -73,6 +74,47 @@ def test_train_step_learns_and_reports_the_mean_loss() -> None:
     assert [step(batch).item(), step(batch).item()] == pytest.approx(losses[-2:], rel=0.5)
     assert step.pop_mean_loss() < losses[0]
     assert step.last_lr > 0
+
+
+@dataclass
+class _TwoRanks(Backend):
+    """Rank 0 of two on the CPU; the other rank's loss sum is this rank's + ``other_extra``."""
+
+    other_extra: float = 0.0
+    reduced: int = 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.reduced += 1
+        return tensor + (tensor + self.other_extra)
+
+
+def test_the_logged_loss_is_the_mean_over_ranks() -> None:
+    model = _model("classification")
+    optimizer = build_optimizer(model, 1e-3, 0.01)
+    # Over 3 steps the other rank's losses are 1 higher each: its sum is 3 higher.
+    two = _TwoRanks(kind="cpu", device=torch.device("cpu"), world_size=2, other_extra=3.0)
+    step = TrainStep(model, optimizer, None, two)
+    losses = [step(_batch(8, seed=s)).item() for s in range(3)]
+    assert two.reduced == 0  # off XLA the steps reduce nothing: one all-reduce per log line
+    assert step.pop_mean_loss() == pytest.approx(sum(losses) / 3 + 0.5)
+    assert two.reduced == 1
+
+
+def test_bf16_leaves_weights_optimizer_state_and_evaluation_sums_in_full_precision() -> None:
+    bf16 = Backend(kind="cpu", device=torch.device("cpu"), autocast_dtype=torch.bfloat16)
+    model = _model("classification")
+    optimizer = build_optimizer(model, 1e-3, 0.01)
+    step = TrainStep(model, optimizer, None, bf16)
+    for seed in range(2):
+        step(_batch(8, seed=seed))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    state = [v for s in optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert state and {v.dtype for v in state} == {torch.float32}
+    # 301 examples: a bf16 count rounds above 256 (to 300 or 302); the int32 counts do not.
+    result = evaluate(model, [_batch(43, seed=s) for s in range(7)], bf16, "classification")
+    assert result.count == 301
+    correct = result.accuracy * 301
+    assert correct == pytest.approx(round(correct), abs=1e-9)
 
 
 def test_no_decay_for_biases_and_layer_norms() -> None:

@@ -114,6 +114,7 @@ def test_batches_without_padding_compile_nothing_new_and_steps_read_nothing_back
             assert run["graphs_per_step"] == 1
             assert run["xla_compiles_after_warmup"] == 0
             assert run["xla_host_transfers_per_step"] == 0  # the log line's read is outside
+            assert run["xla_graphs_per_step"] == 1  # graphs launched per step after warm-up
     assert [r["xla_compiles"] for r in mixed] == [r["xla_compiles"] for r in padded]
     for line in events(mixed_output, "train") + events(mixed_output, "eval"):
         if "xla_compiles_after_warmup" in line:
@@ -308,3 +309,107 @@ def test_step_graphs_refuses_bad_sizes_in_one_line() -> None:
         "step_graphs.py: error: --hidden 30 must be a multiple of 4 (4 attention heads) "
         "(--help lists the flags)"
     ]
+
+
+# -- the smaller items: broadcast, the logged loss, the checkpoint transfer ------------------
+
+#: In one process, on the XLA device: what the trainer does at start (broadcast), in every
+#: step (the loss reduced over ranks on the device) and at a save (one transfer). The rank
+#: and the world are set on the backend and on torch-xla's runtime, as AS_RANK does.
+SMALL_ITEMS = """
+import json, sys
+sys.path.insert(0, {repo!r})
+import torch, torch_xla, torch_xla.runtime as xr
+from workload.backend import setup_backend
+from workload.checkpoint import to_cpu
+from workload.engine import TrainStep, build_optimizer
+
+backend = setup_backend("xla", "fp32")
+backend.world_size = 2
+found = {{}}
+
+def parameters(model):
+    return [p.detach().cpu().clone() for p in model.parameters()]
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(backend.device)
+
+# Rank 0 keeps its parameters; any other rank contributes nothing to the broadcast's sum, so
+# on this one-replica client it is left with zeros where rank 0's values would arrive.
+real_ordinal = xr.global_ordinal
+for rank in (0, 1):
+    xr.global_ordinal = lambda rank=rank: rank
+    model = net()
+    initial = parameters(model)
+    backend.broadcast_parameters(model)
+    after = parameters(model)
+    found[f"rank{{rank}}_unchanged"] = all(torch.equal(a, b) for a, b in zip(initial, after))
+    found[f"rank{{rank}}_zero"] = all(not a.any() for a in after)
+xr.global_ordinal = real_ordinal
+
+# The logged loss: reduced over ranks inside the step, on the device; read once per log line.
+class Loss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = net()
+    def forward(self, input_ids, labels):
+        loss = torch.nn.functional.cross_entropy(self.body(input_ids), labels)
+        return type("Out", (), {{"loss": loss}})
+
+model = Loss()
+optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.0)
+reduced_on = []
+real_reduce = backend.all_reduce_sum
+backend.all_reduce_sum = lambda t: (reduced_on.append(t.device.type), real_reduce(t))[1]
+step = TrainStep(model, optimizer, None, backend)
+batch = {{"input_ids": torch.randn(4, 8).to(backend.device),
+         "labels": torch.tensor([0, 1, 0, 1]).to(backend.device)}}
+step(batch)  # warm-up: the first step creates the AdamW state
+step.pop_mean_loss()
+reduced_on.clear()
+before = backend.host_transfers()
+for _ in range(3):
+    step(batch)
+found["step_transfers"] = backend.host_transfers() - before
+found["reduced_in_steps"] = list(reduced_on)
+before = backend.host_transfers()
+found["mean_loss"] = step.pop_mean_loss()
+found["log_transfers"] = backend.host_transfers() - before
+found["reduced_after_log"] = reduced_on[len(found["reduced_in_steps"]):]
+
+# A save fetches every XLA tensor of the model and optimizer state in one transfer.
+state = {{"model": model.state_dict(), "optimizer": optimizer.state_dict()}}
+found["tensors"] = len(model.state_dict()) + sum(
+    1 for s in optimizer.state_dict()["state"].values() for v in s.values() if torch.is_tensor(v)
+)
+before = backend.host_transfers()
+cpu = to_cpu(state)
+found["save_transfers"] = backend.host_transfers() - before
+found["on_cpu"] = all(v.device.type == "cpu" for v in cpu["model"].values())
+print(json.dumps(found))
+"""
+
+
+def test_broadcast_logged_loss_and_checkpoint_transfer_on_xla(tmp_path: Path) -> None:
+    script = tmp_path / "small_items.py"
+    script.write_text(SMALL_ITEMS.format(repo=str(REPO)))
+    result = subprocess.run(
+        [PYTHON, str(script)],
+        capture_output=True, text=True, env=job_env(xla=True), timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # Rank 0's parameters are what every rank holds after the broadcast at start.
+    assert found["rank0_unchanged"] and not found["rank0_zero"]
+    assert found["rank1_zero"] and not found["rank1_unchanged"]
+    # The loss is all-reduced in each step's graph and read once, at the log line.
+    assert found["reduced_in_steps"] == ["xla"] * 3
+    assert found["step_transfers"] == 0
+    assert found["reduced_after_log"] == []
+    assert found["log_transfers"] == 1
+    assert found["mean_loss"] > 0
+    # 4 parameters + 8 AdamW tensors (+ step counts) in one device-to-host transfer.
+    assert found["tensors"] >= 12
+    assert found["save_transfers"] == 1
+    assert found["on_cpu"]
