@@ -447,8 +447,13 @@ def test_nothing_of_the_job_survives_the_agents_sigkill_of_the_process_group(
         assert all(os.getsid(pid) == pid for pid in workers), "workers left the agent's session"
         os.killpg(launch.pid, signal.SIGKILL)
         launch.wait(timeout=10)
-        wait_for(lambda: not job_processes("cancelled"), 30, "the job's processes to end")
-        assert not any(alive(pid) for pid in workers)
+        # A process in the middle of exiting has no environment to read any more but is not a
+        # zombie yet: wait for the workers themselves too, not only for the tagged processes.
+        wait_for(
+            lambda: not job_processes("cancelled") and not any(alive(pid) for pid in workers),
+            30,
+            "the job's processes to end",
+        )
     finally:
         for pid in job_processes("cancelled"):
             os.kill(pid, signal.SIGKILL)
