@@ -4,7 +4,8 @@
     python scripts/cluster.py status
     python scripts/cluster.py preflight
     python scripts/cluster.py precompile --job-id ID [--steps 10] -- <train.py args>
-    python scripts/cluster.py train --job-id ID [--max-retries N] -- <train.py args>
+    python scripts/cluster.py train --job-id ID [--max-retries N] [--detach] -- <train.py args>
+    python scripts/cluster.py jobs [--limit 10]
     python scripts/cluster.py stop --job-id ID
     python scripts/cluster.py logs --job-id ID [--node RANK|ADDRESS|INSTANCE] [--follow]
     python scripts/cluster.py roll [--wait] [--force]
@@ -12,7 +13,10 @@
     python scripts/cluster.py rehearse --nodes 2 [--output build/rehearsal] [-- <train.py args>]
 
 The AWS commands find the cluster through its operations stack (`<cluster>-operations`),
-its nodes by their tags, and drive them with the stack's SSM documents. `rehearse` needs no
+its nodes by their tags, and drive them with the stack's SSM documents. `train` starts the job
+as an execution of the stack's job supervisor (a Step Functions state machine), which waits for
+the nodes, runs preflight, retries and resumes in AWS: Ctrl-C or a closed terminal only stops
+following it. `rehearse` needs no
 AWS: it runs the same node scripts on local network namespaces (or loopback addresses).
 """
 
@@ -127,26 +131,46 @@ def build_parser() -> argparse.ArgumentParser:
     job_options(precompile, required=True)
     precompile.add_argument("--steps", default="10", help="steps to trace (default: 10)")
 
-    train = sub.add_parser("train", parents=[common], help="run (or resume) a job on all nodes")
+    train = sub.add_parser(
+        "train", parents=[common],
+        help="start (or resume) a job under the cluster's supervisor in AWS and follow it",
+    )  # fmt: skip
     job_options(train, required=False)
     train.add_argument(
-        "--max-retries", type=int, default=0,
-        help="relaunch the job after a failure up to N times; it resumes from its checkpoint",
-    )  # fmt: skip
-    train.add_argument("--retry-delay", type=float, default=60, help="seconds before a retry")
-    train.add_argument("--skip-preflight", action="store_true", help="do not run preflight first")
-    train.add_argument(
-        "--replace-unhealthy", action="store_true",
-        help="mark nodes with Neuron hardware errors unhealthy (the group replaces them)",
+        "--max-retries", type=int, default=2,
+        help="the supervisor relaunches the job after a failure up to N times; each retry "
+        "waits for a full set of nodes, runs preflight and resumes from the checkpoint "
+        "(default: 2)",
     )  # fmt: skip
     train.add_argument(
-        "--detach", action="store_true", help="send the job and return without following it"
+        "--retry-delay", type=float, default=60, help="seconds before a retry (default: 60)"
     )
-    train.add_argument("--quiet", action="store_true", help="do not print the master node's output")
+    train.add_argument(
+        "--check-every", type=int, default=300,
+        help="seconds between the supervisor's checks of the nodes' commands (default: 300; "
+        "an execution keeps 25,000 history events, about 9 days of training at 300)",
+    )  # fmt: skip
+    train.add_argument(
+        "--failure-grace", type=int, default=300,
+        help="seconds the other nodes may run on after one node's command ended, before the "
+        "supervisor cancels the attempt (default: 300)",
+    )  # fmt: skip
+    train.add_argument(
+        "--detach", action="store_true",
+        help="start the job and return at once (Ctrl-C while following detaches too)",
+    )  # fmt: skip
+    train.add_argument("--quiet", action="store_true", help="do not print rank 0's output")
+
+    jobs = sub.add_parser(
+        "jobs", parents=[common], help="current and past jobs: status, attempts, step, accuracy"
+    )
+    jobs.add_argument("--limit", type=int, default=10, help="newest N jobs (default: 10)")
 
     stop = sub.add_parser(
-        "stop", parents=[common], help="stop a job on all nodes (its checkpoints stay)"
-    )
+        "stop", parents=[common],
+        help="stop a job: its supervisor's execution, then its processes on every node "
+        "(its checkpoints stay)",
+    )  # fmt: skip
     stop.add_argument("--job-id", required=True)
 
     logs = sub.add_parser(
@@ -271,6 +295,17 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
         if args.max_retries < 0:
             raise UsageError(f"--max-retries {args.max_retries} is not allowed: use 0 or more")
         check_number("--retry-delay", args.retry_delay, low=0)
+        if args.retry_delay > 31_536_000:
+            raise UsageError(
+                f"--retry-delay {args.retry_delay:g} is not allowed: use at most 31536000 "
+                "(a Step Functions Wait state waits at most a year)"
+            )
+        if not 1 <= args.check_every <= 3600:
+            raise UsageError(f"--check-every {args.check_every} is not allowed: use 1 to 3600")
+        if not 0 <= args.failure_grace <= 86400:
+            raise UsageError(f"--failure-grace {args.failure_grace} is not allowed: use 0 to 86400")
+    if command == "jobs" and not 1 <= args.limit <= 1000:
+        raise UsageError(f"--limit {args.limit} is not allowed: use 1 to 1000")
     if command == "preflight":
         check_port("--port", args.port)
     if command == "logs":
@@ -464,19 +499,39 @@ def cmd_precompile(cluster: Any, args: argparse.Namespace, train_args: list[str]
 
 
 def cmd_train(cluster: Any, args: argparse.Namespace, train_args: list[str]) -> int:
+    from scripts.cluster_lib.jobs import Jobs
+
     job_id = args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")
     if not args.job_id:
         out(f"job ID: {job_id} (train again with --job-id {job_id} to resume it)")
-    result = cluster.train(
-        job_id, train_args, master_port=args.master_port,
-        nproc_per_node=args.nproc_per_node, max_retries=args.max_retries,
-        retry_delay=args.retry_delay, skip_preflight=args.skip_preflight,
-        replace_unhealthy=args.replace_unhealthy, detach=args.detach, stream=not args.quiet,
+    jobs = Jobs(cluster)
+    execution = jobs.start(
+        job_id, train_args, master_port=args.master_port, nproc_per_node=args.nproc_per_node,
+        max_retries=args.max_retries, retry_delay=args.retry_delay,
+        options={"PollSeconds": args.check_every, "FailureGraceSeconds": args.failure_grace},
     )  # fmt: skip
-    if isinstance(result, str):
-        out(f"job {job_id} sent as command {result}; follow it with")
-        out(f"  python scripts/cluster.py logs --job-id {job_id} --follow")
+    jobs.run(execution, job_id, detach=args.detach, stream=not args.quiet)
     return 0
+
+
+def cmd_jobs(cluster: Any, args: argparse.Namespace) -> int:
+    from scripts.cluster_lib.jobs import Jobs, rows_text
+
+    rows = Jobs(cluster).rows(limit=args.limit)
+    if not rows:
+        out("no jobs yet: start one with `cluster.py train`")
+        return 0
+    for line in rows_text(rows):
+        out(line)
+    return 0
+
+
+def cmd_stop(cluster: Any, args: argparse.Namespace) -> int:
+    from scripts.cluster_lib.jobs import Jobs
+
+    # The execution first, so that its supervisor does not retry what the nodes then end.
+    Jobs(cluster).stop(args.job_id)
+    return report(cluster.stop(args.job_id), f"stop of job {args.job_id}")
 
 
 def cmd_export(cluster: Any, args: argparse.Namespace) -> int:
@@ -497,7 +552,8 @@ def dispatch(args: argparse.Namespace, train_args: list[str], session: Any = Non
         "preflight": lambda: report(cluster.preflight(port=args.port), "preflight"),
         "precompile": lambda: cmd_precompile(cluster, args, train_args),
         "train": lambda: cmd_train(cluster, args, train_args),
-        "stop": lambda: report(cluster.stop(args.job_id), f"stop of job {args.job_id}"),
+        "jobs": lambda: cmd_jobs(cluster, args),
+        "stop": lambda: cmd_stop(cluster, args),
         "logs": lambda: cmd_logs(cluster, args),
         "roll": lambda: (cluster.roll(force=args.force, wait=args.wait), 0)[1],
         "export": lambda: cmd_export(cluster, args),

@@ -13,7 +13,8 @@ import botocore.session
 import pytest
 from botocore.stub import ANY, Stubber
 
-from scripts.cluster_lib.aws import Clients, Cluster
+from scripts.cluster_lib.aws import Clients, Cluster, CommandResult
+from scripts.cluster_lib.documents import join_train_args
 
 REGION = "us-east-1"
 OUTPUTS = {
@@ -204,16 +205,6 @@ class FakeAws:
              "startFromHead": False, "limit": 40},
         )  # fmt: skip
 
-    def stop_commands(self, commands: list[dict[str, Any]]) -> None:
-        self.stubs["ssm"].add_response(
-            "list_commands",
-            {"Commands": commands},
-            {"Filters": [
-                {"key": "DocumentName", "value": OUTPUTS["StopTrainingDocumentName"]},
-                {"key": "InvokedAfter", "value": ANY},
-            ]},
-        )  # fmt: skip
-
     def running_commands(self, run: list[dict[str, Any]], precompile: list[dict[str, Any]]) -> None:
         """The two ListCommands searches for commands still running (RunTraining, Precompile)."""
         for name, commands in (("RunTraining", run), ("Precompile", precompile)):
@@ -254,6 +245,20 @@ def train_parameters(instances: list[Instance], job_id: str = "bert-1") -> dict[
         "TrainArgs": "--data /fsx/data/imdb --model tiny --max-steps 100",
         "Hosts": hosts(instances),
     }  # fmt: skip
+
+
+def run_training(
+    cluster: Cluster, job_id: str = "bert-1", train_args: Sequence[str] = TRAIN_ARGS,
+    **run_kwargs: Any,
+) -> CommandResult:  # fmt: skip
+    """One RunTraining attempt on every node, as the job supervisor sends it: the command
+    mechanics (batches, following, cancelling) that `Cluster.run` still provides."""
+    nodes = cluster.wait_for_nodes()
+    parameters = {
+        "JobId": job_id, "MasterPort": "29500", "NprocPerNode": "auto",
+        "TrainArgs": join_train_args(list(train_args)), "Hosts": cluster.hosts(nodes),
+    }  # fmt: skip
+    return cluster.run("RunTraining", nodes, parameters, f"{job_id} attempt 1", **run_kwargs)
 
 
 def fake_aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:

@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.jobs import Jobs
 from tests.cluster_support import (
     OUTPUTS,
     REGION,
     SOFTWARE,
-    TRAIN_ARGS,
     FakeAws,
     capture,
     fake_aws,
     hosts,
+    run_training,
     shared_loader,
     train_parameters,
 )
@@ -40,33 +41,32 @@ def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:
     yield from fake_aws(monkeypatch, loader)
 
 
-def test_train_happy_path_runs_preflight_then_the_job_on_all_nodes_in_address_order(
-    aws: FakeAws,
-) -> None:
+def test_preflight_then_the_job_on_all_nodes_in_address_order(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
-    aws.no_refresh()
     aws.online(nodes)
     aws.preflight_passes(nodes)
+    aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.poll(job, nodes, ["InProgress", "InProgress"])
     aws.all_succeed(job, nodes)
+    cluster = aws.cluster()
 
-    result = aws.cluster().train("bert-1", TRAIN_ARGS, stream=False)
+    assert cluster.preflight().ok
+    result = run_training(cluster)
 
-    assert not isinstance(result, str)
     assert result.ok
     aws.verify()
-    assert (
-        f"job bert-1: attempt 1 of 1 on 2 nodes, master {nodes[0]['PrivateIpAddress']}" in aws.lines
-    )
-    assert "job bert-1 finished on all 2 nodes" in aws.lines
+    assert [inv.node.address for inv in result.invocations] == [
+        n["PrivateIpAddress"] for n in nodes
+    ]
+    assert f"preflight on 2 nodes, master {nodes[0]['PrivateIpAddress']}" in aws.lines
+    assert f"RunTraining: command {job} sent to 2 nodes" in aws.lines
 
 
-def test_train_streams_the_master_nodes_output(aws: FakeAws) -> None:
+def test_run_streams_the_master_nodes_output(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
-    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.all_succeed(job, nodes)
@@ -80,7 +80,7 @@ def test_train_streams_the_master_nodes_output(aws: FakeAws) -> None:
             {"events": [{"timestamp": 0, "message": message}], "nextForwardToken": token},
         )
 
-    aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True)
+    assert run_training(aws.cluster(), stream_rank=0).ok
 
     aws.verify()
     assert "  | step 10 loss 0.69" in aws.lines
@@ -92,7 +92,6 @@ def test_a_failing_node_is_reported_with_the_tail_of_its_output_and_the_rest_can
 ) -> None:
     nodes = aws.launch(2)
     aws.stack()
-    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.poll(job, nodes, ["InProgress", ("Failed", 1)])
@@ -104,115 +103,19 @@ def test_a_failing_node_is_reported_with_the_tail_of_its_output_and_the_rest_can
     )
     aws.poll(job, nodes, [("Cancelled", -1), ("Failed", 1)])
     aws.log_tail(job, nodes[1], ["step 40 loss 0.52", "RuntimeError: Connection reset by peer"])
-    aws.stop_commands([])
 
-    with pytest.raises(ClusterError) as error:
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    result = run_training(aws.cluster())
 
-    message = str(error.value)
+    assert not result.ok
+    message = result.summary()
     first_line = message.splitlines()[0]
     assert first_line.startswith(
-        f"job bert-1 failed: RunTraining failed on node 1 ({nodes[1]['PrivateIpAddress']}, "
+        f"RunTraining failed on node 1 ({nodes[1]['PrivateIpAddress']}, "
         f"{nodes[1]['InstanceId']}): Failed (exit status 1)"
     )
     assert "also ended on node 0" in first_line
     assert message.splitlines()[-1] == "RuntimeError: Connection reset by peer"
     aws.verify()
-
-
-def test_retries_rerun_preflight_and_relaunch_the_same_job_id(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    # Attempt 1: preflight passes, the job fails on both nodes.
-    aws.no_refresh()
-    aws.online(nodes)
-    aws.preflight_passes(nodes)
-    job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
-    aws.log_tail(job, nodes[0], ["NEURON_RT error: collective timeout"])
-    aws.stop_commands([])
-    aws.stop_commands([])  # again after the retry delay
-    # Attempt 2: nodes checked again, preflight again, the same job ID again.
-    aws.no_refresh()
-    aws.online(nodes)
-    aws.preflight_passes(nodes)
-    aws.all_succeed(aws.send("RunTraining", nodes, train_parameters(nodes)), nodes)
-
-    result = aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=2, retry_delay=45, stream=False)
-
-    assert not isinstance(result, str)
-    assert result.ok
-    aws.verify()
-    assert 45 in aws.time.slept
-    assert any("attempt 1 failed; retrying in 45 s" in line for line in aws.lines)
-    assert (
-        "job bert-1: attempt 2 of 3 on 2 nodes, master " + nodes[0]["PrivateIpAddress"] in aws.lines
-    )
-
-
-def test_retries_give_up_after_max_retries(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    for attempt in range(2):
-        aws.no_refresh()
-        aws.online(nodes)
-        job = aws.send("RunTraining", nodes, train_parameters(nodes))
-        aws.poll(job, nodes, [("Failed", 137), ("Failed", 1)])
-        aws.log_tail(job, nodes[0], ["Killed"])
-        aws.stop_commands([])
-        if attempt == 0:
-            aws.stop_commands([])  # again after the retry delay
-
-    with pytest.raises(
-        ClusterError, match=r"^job bert-1 failed after 1 retries: RunTraining failed on node 0"
-    ):
-        aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=1, skip_preflight=True, stream=False)
-    aws.verify()
-
-
-def test_a_stopped_job_is_not_retried(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    aws.no_refresh()
-    aws.online(nodes)
-    job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.poll(job, nodes, [("Failed", 143), ("Failed", 143)])
-    aws.log_tail(job, nodes[0], ["stopped"])
-    other, stop = "00000000-0000-4000-8000-00000000aaaa", "00000000-0000-4000-8000-00000000bbbb"
-    aws.stop_commands([
-        {"CommandId": other, "Parameters": {"JobId": ["another-job"]}},
-        {"CommandId": stop, "Parameters": {"JobId": ["bert-1"]}},
-    ])  # fmt: skip
-
-    with pytest.raises(
-        ClusterError,
-        match=rf"job bert-1 was stopped \(StopTraining command {stop}\); not retrying",
-    ):
-        aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=3, skip_preflight=True, stream=False)
-    aws.verify()
-
-
-def test_preflight_hardware_fault_marks_the_node_unhealthy_when_asked(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    aws.no_refresh()
-    aws.online(nodes)
-    check = aws.send("Preflight", nodes, {"Hosts": hosts(nodes), "Port": "29600"})
-    aws.poll(check, nodes, ["Success", ("Failed", 3)])
-    aws.log_tail(
-        check, nodes[1], ["FAIL neuron-hardware: NEURON_HW_ERR=DMA_ERROR action=TERMINATE_INSTANCE"]
-    )
-    aws.stubs["autoscaling"].add_response(
-        "set_instance_health", {},
-        {"InstanceId": nodes[1]["InstanceId"], "HealthStatus": "Unhealthy",
-         "ShouldRespectGracePeriod": False},
-    )  # fmt: skip
-    aws.stop_commands([])
-
-    with pytest.raises(ClusterError, match=r"Preflight failed on node 1 .*exit status 3"):
-        aws.cluster().train("bert-1", TRAIN_ARGS, replace_unhealthy=True, stream=False)
-    aws.verify()
-    assert any("marking node 1" in line and "unhealthy" in line for line in aws.lines)
 
 
 def test_stack_not_deployed(aws: FakeAws) -> None:
@@ -305,7 +208,7 @@ def test_bad_parameters_are_refused_before_any_aws_call(
     aws: FakeAws, job_id: str, args: list[str], message: str
 ) -> None:
     with pytest.raises(ClusterError, match=message):
-        aws.cluster().train(job_id, args)
+        Jobs(aws.cluster()).start(job_id, args)
     aws.verify()
 
 
@@ -377,6 +280,30 @@ def test_cli_rejects_train_args_for_commands_that_take_none() -> None:
     result = run_cli("status", "--", "--lr", "1")
     assert result.returncode == 2
     assert "status takes no train.py arguments after --" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--check-every", "0"], "--check-every 0 is not allowed: use 1 to 3600"),
+        (["train", "--check-every", "3601"], "--check-every 3601 is not allowed: use 1 to 3600"),
+        (["train", "--failure-grace", "-1"], "--failure-grace -1 is not allowed: use 0 to 86400"),
+        (["jobs", "--limit", "0"], "--limit 0 is not allowed: use 1 to 1000"),
+    ],
+)
+def test_the_supervisors_settings_out_of_range_are_refused_before_any_aws_call(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from scripts import cluster as cli
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the CLI reached AWS")
+
+    monkeypatch.setattr(cli, "make_cluster", refuse)
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", f"error: {message}\n")
 
 
 def test_status_lists_nodes_with_their_ami_and_template_version_and_recent_commands(
@@ -533,7 +460,6 @@ def test_following_rides_out_transient_errors(aws: FakeAws, error: str) -> None:
 
     nodes = aws.launch(1)
     aws.stack({**OUTPUTS, "NodeCount": "1"})
-    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.poll(job, nodes, ["InProgress"])
@@ -563,10 +489,7 @@ def test_following_rides_out_transient_errors(aws: FakeAws, error: str) -> None:
         aws.intercept("ssm", "ListCommandInvocations", handler)
     aws.all_succeed(job, nodes)
 
-    result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
-
-    assert not isinstance(result, str)
-    assert result.ok
+    assert run_training(aws.cluster()).ok
     aws.verify()
     trouble = [line for line in aws.lines if "trying again for up to 1800 s" in line]
     assert len(trouble) == 1
@@ -580,7 +503,6 @@ def test_following_gives_up_after_a_bounded_outage_with_a_clear_message(aws: Fak
 
     nodes = aws.launch(1)
     aws.stack({**OUTPUTS, "NodeCount": "1"})
-    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     # The Stubber checks each call's parameters against its next answer before the
@@ -592,12 +514,11 @@ def test_following_gives_up_after_a_bounded_outage_with_a_clear_message(aws: Fak
 
     aws.intercept("ssm", "ListCommandInvocations", expired)
     with pytest.raises(ClusterError) as error:
-        aws.cluster(give_up_after=60).train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+        run_training(aws.cluster(give_up_after=60))
     assert str(error.value) == (
         "gave up following the command after 60 s of AWS errors (last: the AWS SSO session has "
-        "expired: run `aws sso login` to renew it); the job keeps running on the nodes: follow "
-        "it with `cluster.py logs --job-id bert-1 --follow`, stop it with `cluster.py stop "
-        "--job-id bert-1`"
+        f"expired: run `aws sso login` to renew it); command {job} keeps running on the nodes: "
+        "see `cluster.py status`"
     )
     # Polled every 5 s until the 60 s were up.
     assert aws.time.now == 60
@@ -606,7 +527,6 @@ def test_following_gives_up_after_a_bounded_outage_with_a_clear_message(aws: Fak
 def test_an_error_that_will_not_pass_ends_the_follow_at_once(aws: FakeAws) -> None:
     nodes = aws.launch(1)
     aws.stack({**OUTPUTS, "NodeCount": "1"})
-    aws.no_refresh()
     aws.online(nodes)
     aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.stubs["ssm"].add_client_error(
@@ -614,18 +534,16 @@ def test_an_error_that_will_not_pass_ends_the_follow_at_once(aws: FakeAws) -> No
         service_message="not allowed", http_status_code=400,
     )  # fmt: skip
     with pytest.raises(ClusterError, match=r"^access denied while following the command"):
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+        run_training(aws.cluster())
     assert aws.time.now == 0
 
 
-def test_waiting_for_nodes_and_checking_for_a_stop_ride_out_throttling(aws: FakeAws) -> None:
-    """Between the legs and retries of a long job the CLI lists nodes and StopTraining
-    commands; a spell of throttling there does not end it either."""
+def test_waiting_for_nodes_rides_out_throttling(aws: FakeAws) -> None:
+    """A spell of throttling while the CLI lists the nodes does not end its wait."""
     from botocore.exceptions import ClientError
 
     nodes = aws.launch(2)
     aws.stack()
-    aws.no_refresh()
     calls: list[int] = []
 
     def throttled_once() -> None:
@@ -638,42 +556,13 @@ def test_waiting_for_nodes_and_checking_for_a_stop_ride_out_throttling(aws: Fake
 
     aws.intercept("ec2", "DescribeInstances", throttled_once)
     aws.online(nodes)
-    job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
-    aws.log_tail(job, nodes[0], ["boom"])
-    aws.stubs["ssm"].add_client_error(
-        "list_commands", service_error_code="ThrottlingException", http_status_code=400
-    )
-    aws.stop_commands([])
 
-    with pytest.raises(ClusterError, match=r"^job bert-1 failed: RunTraining failed on node 0"):
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    found = aws.cluster().wait_for_nodes()
+
+    assert [n.instance_id for n in found] == [i["InstanceId"] for i in nodes]
     aws.verify()
     assert len(calls) == 2
     assert [line for line in aws.lines if "trying again" in line] == [
         "AWS is throttling or unavailable (RequestLimitExceeded) while listing the nodes; "
         "trying again for up to 1800 s",
-        "AWS is throttling or unavailable (ThrottlingException) while listing StopTraining "
-        "commands; trying again for up to 1800 s",
     ]
-
-
-def test_a_stop_during_the_retry_delay_is_not_relaunched(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    aws.no_refresh()
-    aws.online(nodes)
-    job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.poll(job, nodes, [("Failed", 1), ("Failed", 1)])
-    aws.log_tail(job, nodes[0], ["collective timeout"])
-    aws.stop_commands([])
-    stop = "00000000-0000-4000-8000-00000000bbbb"
-    aws.stop_commands([{"CommandId": stop, "Parameters": {"JobId": ["bert-1"]}}])
-
-    with pytest.raises(ClusterError) as error:
-        aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=3, skip_preflight=True, stream=False)
-    assert str(error.value) == (
-        f"job bert-1 was stopped (StopTraining command {stop}) while waiting to retry; not "
-        "relaunching it"
-    )
-    aws.verify()  # and no second RunTraining

@@ -12,12 +12,10 @@ import pytest
 from scripts.cluster_lib import ClusterError
 from tests.cluster_support import (
     OUTPUTS,
-    TRAIN_ARGS,
     FakeAws,
     capture,
     fake_aws,
     shared_loader,
-    train_parameters,
 )
 
 GROUP = OUTPUTS["AutoScalingGroupName"]
@@ -129,25 +127,21 @@ def test_roll_while_a_refresh_runs_and_a_failed_refresh_get_one_line(aws: FakeAw
     aws.verify()
 
 
-def test_train_waits_while_an_instance_refresh_replaces_nodes(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
+def test_wait_for_refresh_waits_while_an_instance_refresh_replaces_nodes(aws: FakeAws) -> None:
     aws.stack()
     aws.no_refresh(
         [{"InstanceRefreshId": REFRESH, "Status": "InProgress", "PercentageComplete": 50}]
     )
     aws.no_refresh([{"InstanceRefreshId": REFRESH, "Status": "Successful"}])
-    aws.online(nodes)
-    aws.all_succeed(aws.send("RunTraining", nodes, train_parameters(nodes)), nodes)
 
-    result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    aws.cluster().wait_for_refresh()
 
-    assert not isinstance(result, str)
-    assert result.ok
     aws.verify()
-    assert aws.lines[0] == (
+    assert aws.lines == [
         f"waiting: instance refresh {REFRESH} of group {GROUP} is replacing nodes (InProgress, "
         "50% done): wait for it (`cluster.py roll --wait`)"
-    )
+    ]
+    assert aws.time.slept == [5]
 
 
 # -------------------------------------------------------------------------- export

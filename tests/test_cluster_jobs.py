@@ -1,6 +1,7 @@
-"""Following jobs on the cluster: batches of at most 50 nodes per SendCommand, legs that end
-at their time limit (contract C4), nodes that run different software (contract C3), the end
-of `logs --follow`, and `stop` leaving no command of the job running."""
+"""Commands on the cluster's nodes: batches of at most 50 nodes per SendCommand, following
+them and cancelling the rest after a failure, nodes that run different software (contract C3),
+the end of `logs --follow`, and `stop` leaving no command of the job running. (Retries and legs
+that end at their time limit, contract C4, are the job supervisor's: tests/test_supervisor.py.)"""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from scripts.cluster_lib import ClusterError
 from tests.cluster_support import (
     OUTPUTS,
     SOFTWARE,
-    TRAIN_ARGS,
     FakeAws,
     Instance,
     capture,
     fake_aws,
+    run_training,
     shared_loader,
     train_parameters,
 )
@@ -47,7 +48,6 @@ def cancel(aws: FakeAws, command_id: str, instances: list[Instance]) -> None:
 def sixty_four(aws: FakeAws) -> list[Instance]:
     nodes = aws.launch(64)
     aws.stack({**OUTPUTS, "NodeCount": "64"})
-    aws.no_refresh()
     aws.online(nodes)
     return nodes
 
@@ -68,16 +68,14 @@ def test_64_nodes_get_two_commands_of_at_most_50_with_the_whole_host_list(aws: F
         lambda params, **_: comments.append(params["Comment"]),
     )
 
-    result = aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    result = run_training(aws.cluster())
 
-    assert not isinstance(result, str)
     assert result.ok
     assert result.command_ids == [first, second]
     # Every node keeps its rank from the one host list, whichever command it is in.
     assert [inv.rank for inv in result.invocations] == list(range(64))
     assert {inv.command_id for inv in result.invocations[50:]} == {second}
     assert f"RunTraining: commands {first}, {second} sent to 64 nodes" in aws.lines
-    assert "job bert-1 finished on all 64 nodes" in aws.lines
     # One comment for the attempt, with a token of its own, then the part.
     assert re.fullmatch(r"bert-1 attempt 1 #[0-9a-f]{6} part 1/2", comments[0])
     assert comments[1] == comments[0].replace("part 1/2", "part 2/2")
@@ -101,18 +99,17 @@ def test_a_failure_in_one_batch_cancels_the_running_nodes_of_every_batch(aws: Fa
         second, nodes[50:], [("Cancelled", -1)] * 10 + [("Failed", 1)] + [("Cancelled", -1)] * 3
     )
     aws.log_tail(second, nodes[60], ["RuntimeError: EFA endpoint closed"])
-    aws.stop_commands([])
 
-    with pytest.raises(ClusterError) as error:
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    result = run_training(aws.cluster())
 
-    first_line = str(error.value).splitlines()[0]
+    assert not result.ok
+    first_line = result.summary().splitlines()[0]
     assert first_line.startswith(
-        f"job bert-1 failed: RunTraining failed on node 60 ({nodes[60]['PrivateIpAddress']}, "
+        f"RunTraining failed on node 60 ({nodes[60]['PrivateIpAddress']}, "
         f"{nodes[60]['InstanceId']}): Failed (exit status 1), command {second}; also ended on "
     )
     assert first_line.endswith(" and 55 more")
-    assert str(error.value).splitlines()[-1] == "RuntimeError: EFA endpoint closed"
+    assert result.summary().splitlines()[-1] == "RuntimeError: EFA endpoint closed"
     aws.verify()
 
 
@@ -130,80 +127,9 @@ def test_a_batch_that_cannot_be_sent_cancels_the_batches_already_sent(aws: FakeA
     with pytest.raises(
         ClusterError, match=r"^sending RunTraining failed: InvalidInstanceId: Instances not in"
     ):
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+        run_training(aws.cluster())
     aws.verify()
     assert any(line.startswith(f"cancelling command {first} on 50 nodes") for line in aws.lines)
-
-
-# ---------------------------------------------------------------------- legs (C4)
-def test_a_leg_that_reaches_its_time_limit_continues_without_spending_a_retry(
-    aws: FakeAws,
-) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    aws.no_refresh()
-    aws.online(nodes)
-    aws.preflight_passes(nodes)
-    leg1 = aws.send("RunTraining", nodes, train_parameters(nodes))
-    # Node 0 ended its leg (75) first; node 1 is still saving for longer than the 30 s
-    # failure grace, and is not cancelled: a leg's end is not a failure.
-    for _ in range(9):
-        aws.poll(leg1, nodes, [("Failed", 75), "InProgress"])
-    aws.poll(leg1, nodes, [("Failed", 75), ("Failed", 75)])
-    aws.stop_commands([])
-    # Leg 2: nodes, preflight and the same job ID again, which resumes.
-    aws.no_refresh()
-    aws.online(nodes)
-    aws.preflight_passes(nodes)
-    aws.all_succeed(aws.send("RunTraining", nodes, train_parameters(nodes)), nodes)
-
-    result = aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=0, retry_delay=60, stream=False)
-
-    assert not isinstance(result, str)
-    assert result.ok
-    aws.verify()
-    assert (
-        "job bert-1: leg 1 reached its time limit and saved a checkpoint; starting leg 2, which "
-        "resumes from it (not counted as a retry)"
-    ) in aws.lines
-    assert (
-        f"job bert-1: leg 2, attempt 1 of 1 on 2 nodes, master {nodes[0]['PrivateIpAddress']}"
-        in (aws.lines)
-    )
-    assert 60 not in aws.time.slept  # no retry delay
-    assert not any("cancelling" in line for line in aws.lines)
-
-
-def test_a_leg_end_mixed_with_a_real_failure_is_a_failure(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    aws.no_refresh()
-    aws.online(nodes)
-    job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.poll(job, nodes, [("Failed", 75), ("Failed", 1)])
-    aws.log_tail(job, nodes[0], ["leg time limit reached"])
-    aws.stop_commands([])
-
-    with pytest.raises(ClusterError, match=r"^job bert-1 failed: RunTraining failed on node 0"):
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
-    aws.verify()
-
-
-def test_a_stopped_job_whose_nodes_end_with_75_is_not_continued(aws: FakeAws) -> None:
-    nodes = aws.launch(2)
-    aws.stack()
-    aws.no_refresh()
-    aws.online(nodes)
-    job = aws.send("RunTraining", nodes, train_parameters(nodes))
-    aws.poll(job, nodes, [("Failed", 75), ("Failed", 75)])
-    stop = "00000000-0000-4000-8000-00000000bbbb"
-    aws.stop_commands([{"CommandId": stop, "Parameters": {"JobId": ["bert-1"]}}])
-
-    with pytest.raises(
-        ClusterError, match=rf"job bert-1 was stopped \(StopTraining command {stop}"
-    ):
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
-    aws.verify()
 
 
 # ------------------------------------------------------------ node software (C3)
@@ -223,7 +149,6 @@ def test_preflight_reports_the_software_every_node_runs(aws: FakeAws) -> None:
 def test_nodes_that_run_different_software_are_refused_in_one_line(aws: FakeAws) -> None:
     nodes = aws.launch(3)
     aws.stack({**OUTPUTS, "NodeCount": "3"})
-    aws.no_refresh()
     aws.online(nodes)
     newer = SOFTWARE.replace("version=0123456789abcdef", "version=fedcba9876543210").replace(
         "launch-template-version=3", "launch-template-version=4"
@@ -231,7 +156,7 @@ def test_nodes_that_run_different_software_are_refused_in_one_line(aws: FakeAws)
     aws.preflight_passes(nodes, [SOFTWARE, newer, SOFTWARE])
 
     with pytest.raises(ClusterError) as error:
-        aws.cluster().train("bert-1", TRAIN_ARGS, max_retries=3, stream=False)
+        aws.cluster().preflight()
 
     message = str(error.value)
     assert "\n" not in message
@@ -243,7 +168,7 @@ def test_nodes_that_run_different_software_are_refused_in_one_line(aws: FakeAws)
         "that every node runs the group's current launch template (`cluster.py roll`, see the "
         "README)"
     )
-    aws.verify()  # and no RunTraining was sent
+    aws.verify()
 
 
 def test_a_node_without_the_software_line_is_looked_up_in_its_log_and_named(
@@ -383,7 +308,6 @@ def test_nodes_that_all_lack_the_software_line_pass_with_a_note(aws: FakeAws) ->
 def test_cancelling_the_survivors_rides_out_throttling(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
-    aws.no_refresh()
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     for _ in range(7):
@@ -394,9 +318,9 @@ def test_cancelling_the_survivors_rides_out_throttling(aws: FakeAws) -> None:
     cancel(aws, job, nodes[:1])
     aws.poll(job, nodes, [("Cancelled", -1), ("Failed", 1)])
     aws.log_tail(job, nodes[1], ["RuntimeError"])
-    aws.stop_commands([])
 
-    with pytest.raises(ClusterError, match=r"^job bert-1 failed: RunTraining failed on node 1"):
-        aws.cluster().train("bert-1", TRAIN_ARGS, skip_preflight=True, stream=False)
+    result = run_training(aws.cluster())
+
+    assert result.summary().startswith("RunTraining failed on node 1")
     aws.verify()
     assert any("while cancelling the command; trying again" in line for line in aws.lines)

@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from scripts import cluster as cli
-from scripts.cluster_lib.aws import RETRIES, Clients, resolve_region
+from scripts.cluster_lib.aws import CLIENT_SERVICES, RETRIES, Clients, resolve_region
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LONG = "--name=" + "a" * 2042
@@ -182,4 +182,8 @@ def test_every_client_uses_adaptive_retries_and_time_outs(
         assert config.retries["total_max_attempts"] == 11, name  # max_attempts 10 retries
         assert (config.connect_timeout, config.read_timeout) == (10, 60), name
     assert RETRIES == {"mode": "adaptive", "max_attempts": 10}
-    assert {"cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx"} == set(vars(clients))
+    assert (
+        set(CLIENT_SERVICES)
+        == set(vars(clients))
+        == {"cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions"}
+    )

@@ -21,10 +21,8 @@ import pytest
 
 from scripts.cluster import main as cluster_main
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib.aws import Cluster
 from scripts.cluster_lib.localcloud import job_processes, local_cloud
 from scripts.cluster_lib.rehearsal import NetnsHosts, Rehearsal, RunningCommand
-from tests.test_launch_scripts import alive
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = re.compile(r"^step_(\d{8})$")
@@ -174,124 +172,6 @@ def job_metrics(output: Path, job_id: str, kind: str) -> list[dict[str, Any]]:
     return [r for r in records if r.get("event") == kind]
 
 
-class Train(threading.Thread):
-    """`Cluster.train` (the CLI's own code) in a thread, its output kept."""
-
-    def __init__(self, cluster: Cluster, job_id: str, args: list[str], **options: Any) -> None:
-        super().__init__(daemon=True)
-        self.cluster, self.job_id, self.args, self.options = cluster, job_id, args, options
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.cluster.train(self.job_id, self.args, **self.options)
-        except BaseException as error:  # reported by the test
-            self.error = error
-
-
-def make_cluster(cloud: Any, lines: list[str]) -> Cluster:
-    return Cluster(
-        cloud.clients(), cloud.cluster_name, out=lines.append, poll_interval=0.5,
-        wait_timeout=120, failure_grace=20,
-    )  # fmt: skip
-
-
-@pytest.mark.slow
-@pytest.mark.netns
-def test_a_cancelled_node_leaves_nothing_behind_and_the_retry_resumes(
-    tmp_path: Path, sample_data: Path
-) -> None:
-    """`train --max-retries 1` through the Run Command stand-in: one node's command is
-    cancelled the agent's way (SIGKILL to the script's process group) mid-run; nothing of
-    the first attempt survives on any node, the retry's preflight (which fails on
-    NeuronCores in use) passes, and the job resumes from its last checkpoint and finishes."""
-    job = "cancelled"
-    args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
-                      "--eval-every", "60", "--log-every", "5")  # fmt: skip
-    with stand_in(tmp_path) as cloud:
-        lines: list[str] = []
-        cluster = make_cluster(cloud, lines)
-        train = Train(cluster, job, args, nproc_per_node="auto", max_retries=1, retry_delay=1,
-                      stream=False)  # fmt: skip
-        train.start()
-        job_dir = tmp_path / "jobs" / job
-        deadline = time.monotonic() + 400
-        while not checkpoints(job_dir):
-            assert time.monotonic() < deadline, "no checkpoint after 400 s\n" + "\n".join(lines)
-            assert train.is_alive(), f"train ended early: {train.error}\n" + "\n".join(lines)
-            time.sleep(0.1)
-        first_attempt = job_processes(job)
-        assert len(first_attempt) >= 4, "expected torchrun and a trainer on each node"
-        (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
-        victim = cloud.running()[1]
-        cloud.cancel(command.command_id, victim.instance_id)
-        train.join(timeout=600)
-        assert not train.is_alive(), "train did not finish\n" + "\n".join(lines)
-        assert train.error is None, f"{train.error}\n" + "\n".join(lines)
-
-        output = "\n".join(lines)
-        assert f"RunTraining: node 1 ({victim.address}, {victim.instance_id}): Cancelled" in output
-        assert "attempt 1 failed; retrying" in output
-        assert "attempt 2 of 2" in output
-        # Nothing of the first attempt outlived it: not the cancelled node's workers (in
-        # sessions of their own), not the survivor's.
-        assert [pid for pid in first_attempt if alive(pid)] == []
-        invocation = command.invocations[victim.instance_id].status()
-        assert (invocation["status"], invocation["code"]) == ("Cancelled", 137)
-        preflights = [c for c in cloud.commands.values() if c.document.endswith("Preflight")]
-        assert len(preflights) == 2
-        assert all(i.status()["status"] == "Success" for i in preflights[1].invocations.values())
-        resumes = job_metrics(tmp_path, job, "resume")
-        assert resumes, output
-        assert 0 < resumes[-1]["step"] < 60
-        summaries = job_metrics(tmp_path, job, "summary")
-        assert summaries and max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 60
-        assert gone(job), job_processes(job)
-
-
-@pytest.mark.slow
-@pytest.mark.netns
-def test_a_leg_that_reaches_its_time_limit_saves_and_the_next_leg_resumes(
-    tmp_path: Path, sample_data: Path
-) -> None:
-    """RunTraining's ExecutionTimeout made short for the first leg (as an operator may deploy
-    the document): launch.sh ends the leg StopGraceSeconds before the agent would kill it, the
-    trainers save, and `train` with no retries to spend continues with a second leg (at the
-    document's own 48-hour limit), which resumes and finishes the job."""
-    job = "legs"
-    args = train_args(sample_data, "--max-steps", "1500", "--checkpoint-every", "100",
-                      "--eval-every", "1500", "--log-every", "10")  # fmt: skip
-    defaults = {"RunTraining": {"ExecutionTimeout": "60", "StopGraceSeconds": "30"}}
-    with stand_in(tmp_path, document_defaults=defaults) as cloud:
-        lines: list[str] = []
-        cluster = make_cluster(cloud, lines)
-        train = Train(cluster, job, args, max_retries=0, retry_delay=1, stream=False)
-        train.start()
-        deadline = time.monotonic() + 300
-        while not any(c.document.endswith("RunTraining") for c in cloud.commands.values()):
-            assert time.monotonic() < deadline and train.is_alive(), "\n".join(lines)
-            time.sleep(0.2)
-        cloud.document_defaults = {}  # later legs get the document's defaults
-        train.join(timeout=900)
-        assert not train.is_alive(), "train did not finish\n" + "\n".join(lines)
-        output = "\n".join(lines)
-        assert train.error is None, f"{train.error}\n{output}"
-        assert "leg 1 reached its time limit and saved a checkpoint" in output
-        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
-        assert len(legs) == 2, output
-        first = [i.status() for i in legs[0].invocations.values()]
-        assert {(s["status"], s["code"]) for s in first} <= {("Failed", 75), ("Success", 0)}
-        assert ("Failed", 75) in {(s["status"], s["code"]) for s in first}
-        stopped = [s for s in job_metrics(tmp_path, job, "summary") if s.get("stopped_by_signal")]
-        assert stopped, "no summary with stopped_by_signal"
-        resumes = job_metrics(tmp_path, job, "resume")
-        assert resumes and resumes[0]["step"] == stopped[0]["step"]
-        assert 0 < stopped[0]["step"] < 1500
-        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 1500
-        assert gone(job), job_processes(job)
-
-
 class Cli(threading.Thread):
     """`cluster.py <argv>` (its main, in this process) against the stand-in."""
 
@@ -306,43 +186,167 @@ class Cli(threading.Thread):
         self.code = cluster_main([command, *self.argv[:4], *rest], session=self.session)
 
 
+@pytest.fixture(scope="module")
+def operations() -> tuple[str, dict[str, Any]]:
+    """The default cluster's name and its synthesized operations template (the supervisor)."""
+    from tests.cdk_support import synth
+
+    default = synth()
+    return default.config.cluster_name, default.templates["operations"]
+
+
+def execution_status(cloud: Any, job: str) -> list[str]:
+    """The statuses of the job's executions, newest first."""
+    from scripts.cluster_lib.jobs import job_of
+
+    client = cloud.session().client("stepfunctions")
+    arn = cloud.stack_outputs()["JobStateMachineArn"]
+    return [
+        e["status"]
+        for e in client.list_executions(stateMachineArn=arn)["executions"]
+        if job_of(e["name"]) == job
+    ]
+
+
+def wait_for(what: str, condition: Any, timeout: float, output: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout} s\n{output()}"
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 @pytest.mark.netns
-def test_stop_and_logs_through_the_cli_leave_no_process_behind(
-    tmp_path: Path, sample_data: Path, capfd: pytest.CaptureFixture[str]
+def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
+    tmp_path: Path,
+    sample_data: Path,
+    operations: tuple[str, dict[str, Any]],
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`cluster.py train`, `logs --follow` and `stop` as an operator types them: stop ends
-    every process of the job on every node, train does not retry a stopped job, and
-    `logs --follow` ends when the command has ended."""
+    """`cluster.py train` whose operator presses Ctrl-C as soon as it has started: the CLI
+    detaches (exit 0) and nothing on this side follows the job any more. One node's command
+    is then cancelled the agent's way; the supervisor (the synthesized state machine, in
+    moto's interpreter, through the Run Command stand-in) retries, the job resumes from its
+    checkpoint and finishes, and `cluster.py jobs` reports it."""
+    import scripts.cluster as cli
+    from scripts.cluster_lib.local_supervisor import local_supervisor
+
+    cluster_name, template = operations
+    job = "unattended"
+    args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
+                      "--eval-every", "30", "--log-every", "5")  # fmt: skip
+    printed = cli.out
+
+    def operator(message: str) -> None:  # Ctrl-C right after the start
+        printed(message)
+        if "started execution" in message:
+            raise KeyboardInterrupt
+
+    with stand_in(tmp_path, cluster_name=cluster_name) as cloud, local_supervisor(cloud, template):
+        monkeypatch.setattr(cli, "out", operator)
+        train = Cli(cloud, "train", "--job-id", job, "--max-retries", "1", "--retry-delay", "1",
+                    "--check-every", "1", "--failure-grace", "5", "--", *args)  # fmt: skip
+        train.run()
+        monkeypatch.setattr(cli, "out", printed)
+        captured = capfd.readouterr()
+        assert train.code == 0, captured.out + captured.err
+        assert f"detached from job {job}; it goes on in AWS" in captured.out
+        assert execution_status(cloud, job) == ["RUNNING"]
+
+        wait_for(
+            "a checkpoint", lambda: checkpoints(tmp_path / "jobs" / job), 400, capfd.readouterr
+        )
+        (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        cloud.cancel(command.command_id, cloud.running()[1].instance_id)
+        wait_for("the end", lambda: execution_status(cloud, job) != ["RUNNING"], 600, lambda: "")
+        assert execution_status(cloud, job) == ["SUCCEEDED"]
+
+        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert [c.parameters["JobId"] for c in legs] == [[job], [job]]
+        resumes = job_metrics(tmp_path, job, "resume")
+        assert resumes and 0 < resumes[-1]["step"] < 60
+        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 60
+        assert gone(job), job_processes(job)
+
+        jobs = Cli(cloud, "jobs")
+        jobs.run()
+        captured = capfd.readouterr()
+        assert jobs.code == 0, captured.err
+        (row,) = [line for line in captured.out.splitlines() if line.startswith(job)]
+        fields = row.split()
+        # job, status, date, time, duration, attempts, retries, legs, step, accuracy (step N)
+        assert fields[1] == "SUCCEEDED" and fields[5:9] == ["2", "1", "1", "60/60"], row
+        assert fields[10:] == ["(step", "60)"], row
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
+    tmp_path: Path,
+    sample_data: Path,
+    operations: tuple[str, dict[str, Any]],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """`train --detach`, then a second job (refused in one line naming the first), `logs
+    --follow` and `stop` as an operator types them: stop ends the job's execution (no retry
+    follows) and every process of the job on every node; the follower ends with the
+    command."""
+    from scripts.cluster_lib.local_supervisor import local_supervisor
+
+    cluster_name, template = operations
     job = "stopme"
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "5",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
-    with stand_in(tmp_path) as cloud:
+    with stand_in(tmp_path, cluster_name=cluster_name) as cloud, local_supervisor(cloud, template):
         train = Cli(cloud, "train", "--job-id", job, "--max-retries", "2", "--retry-delay", "1",
-                    "--", *args)  # fmt: skip
-        train.start()
-        job_dir = tmp_path / "jobs" / job
-        deadline = time.monotonic() + 400
-        while not checkpoints(job_dir):
-            assert time.monotonic() < deadline and train.is_alive(), capfd.readouterr().out
-            time.sleep(0.2)
+                    "--check-every", "1", "--detach", "--", *args)  # fmt: skip
+        train.run()
+        assert train.code == 0, capfd.readouterr()
+        wait_for(
+            "a checkpoint", lambda: checkpoints(tmp_path / "jobs" / job), 400, capfd.readouterr
+        )
+
+        second = Cli(cloud, "train", "--job-id", "second", "--detach", "--", *args)
+        second.run()
+        captured = capfd.readouterr()
+        assert second.code == 1
+        (line,) = captured.err.splitlines()
+        assert line.startswith(f"error: job {job} runs on this cluster (execution {job}-"), line
+        assert f"`cluster.py stop --job-id {job}`" in line
+
         follow = Cli(cloud, "logs", "--job-id", job, "--follow")
         follow.start()
         stop = Cli(cloud, "stop", "--job-id", job)
         stop.run()
         assert stop.code == 0, capfd.readouterr()
-        train.join(timeout=300)
         follow.join(timeout=120)
         captured = capfd.readouterr()
-        assert not train.is_alive() and train.code not in (None, 0), captured.out + captured.err
         assert not follow.is_alive(), "logs --follow did not end with the command"
         assert follow.code == 0, captured.err
-        assert f"job {job} was stopped" in captured.err, captured.err
-        assert "retrying" not in captured.out
+        assert f"job {job}: stopped execution {job}-" in captured.out
         assert "[launch " in captured.out  # logs printed the nodes' launch.sh output
+        client = cloud.session().client("stepfunctions")
+        machine = cloud.stack_outputs()["JobStateMachineArn"]
+        (execution,) = client.list_executions(stateMachineArn=machine)["executions"]
+        described = client.describe_execution(executionArn=execution["executionArn"])
+        # AWS ends a stopped execution ABORTED at once (StopExecution, Step Functions API
+        # reference). moto 5.2.5's interpreter, stopped while the execution is inside a Map
+        # iteration (RunTrainingBatches, where a job spends its time), fails that iteration's
+        # frame with an AttributeError instead (its Environment.set_stop on inner frames), so
+        # the execution reads FAILED/States.Runtime here. Either way it ended when `stop` ran,
+        # and no retry follows (checked below).
+        assert described["status"] == "ABORTED" or (
+            described["status"] == "FAILED"
+            and described.get("error") == "States.Runtime"
+            and "AttributeError" in described.get("cause", "")
+        ), described
         assert gone(job), job_processes(job)
         stops = [c for c in cloud.commands.values() if c.document.endswith("StopTraining")]
         assert [i.status()["status"] for i in stops[0].invocations.values()] == ["Success"] * 2
+        time.sleep(3)  # a supervisor that retried would send RunTraining again by now
+        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert len(legs) == 1
 
 
 @pytest.mark.slow
@@ -350,8 +354,9 @@ def test_stop_and_logs_through_the_cli_leave_no_process_behind(
 def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
     tmp_path: Path, sample_data: Path
 ) -> None:
-    """`make demo`'s command as root: preflight and RunTraining are sent by the CLI's code to
-    the stand-in, which runs the real documents on the namespaced nodes."""
+    """`make demo`'s command as root: the CLI's `train` starts the job supervisor's synthesized
+    state machine, which sends preflight and RunTraining to the stand-in, which runs the real
+    documents on the namespaced nodes."""
     if not NetnsHosts.available():
         pytest.skip("needs root and iproute2")
     output = with_sample_data(tmp_path / "rehearsal", sample_data)
@@ -362,9 +367,10 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "behind the local Run Command stand-in" in result.stdout
-    assert "software: version=" in result.stdout  # preflight compared the nodes
-    assert "job cli finished on all 2 nodes" in result.stdout
+    assert "behind the local Run Command stand-in, the job supervisor" in result.stdout
+    assert "job cli: preflight on every node" in result.stdout
+    assert "job cli: RunTraining on every node" in result.stdout
+    assert "job cli finished (execution cli-" in result.stdout
     summary = json.loads(result.stdout.split("summary: ", 1)[1].splitlines()[0])
     assert summary["event"] == "summary"
     assert sorted(p.name for p in (output / "jobs" / "cli" / "logs").iterdir()) == [

@@ -13,6 +13,7 @@ at its time limit and the next leg.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,9 @@ from typing import Any
 
 import pytest
 
-from scripts.cluster_lib.documents import DOCUMENT_NAMES, join_train_args
+from scripts.cluster_lib.documents import join_train_args
+from scripts.cluster_lib.local_supervisor import definition as machine_definition
+from scripts.cluster_lib.local_supervisor import local_supervisor
 from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
 from tests.test_rehearsal import checkpoints, gone, job_metrics, sample_data, stand_in, train_args
 
@@ -62,19 +65,6 @@ def definition_parts(template: dict[str, Any]) -> list[Any]:
     return parts
 
 
-def resolve(template: dict[str, Any], refs: dict[str, str]) -> dict[str, Any]:
-    """The definition with its references replaced, as CloudFormation would deploy it."""
-    text = ""
-    for part in definition_parts(template):
-        if isinstance(part, str):
-            text += part
-        else:
-            assert set(part) == {"Ref"}, part
-            text += refs[part["Ref"]]
-    parsed: dict[str, Any] = json.loads(text)
-    return parsed
-
-
 def states(definition: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every state, those inside Map states too."""
     for name, state in definition["States"].items():
@@ -110,7 +100,7 @@ def test_the_supervisor_is_a_standard_state_machine_with_logs_and_tracing(defaul
 
 def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synth) -> None:
     template = default.templates["operations"]
-    definition = resolve(template, placeholder_refs(template))
+    definition = machine_definition(template, placeholder_refs(template))
     used = {state["Resource"] for _, state in states(definition) if state["Type"] == "Task"}
     assert used == set(SDK_ACTIONS), used ^ set(SDK_ACTIONS)
     machine = only_resource(template, "AWS::StepFunctions::StateMachine")
@@ -157,7 +147,7 @@ def test_the_definition_sends_the_cluster_documents_with_the_job_parameters(
     default: Synth,
 ) -> None:
     template = default.templates["operations"]
-    definition = resolve(template, placeholder_refs(template))
+    definition = machine_definition(template, placeholder_refs(template))
     sends = {
         state["Parameters"]["DocumentName"]: state["Parameters"]
         for _, state in states(definition)
@@ -186,29 +176,13 @@ def test_the_operations_template_with_the_supervisor_lints_clean(default: Synth)
 
 class Supervisor:
     """The synthesized state machine in moto's ASL interpreter, its SDK calls answered by
-    the Run Command stand-in."""
+    the Run Command stand-in (scripts/cluster_lib/local_supervisor.py, as the rehearsal
+    runs it)."""
 
-    def __init__(self, cloud: Any, template: dict[str, Any], cluster_name: str) -> None:
-        import boto3
-
+    def __init__(self, cloud: Any, arn: str) -> None:
         self.cloud = cloud
-        outputs = cloud.stack_outputs()
-        refs = {"AWS::Partition": "aws"}
-        for name in DOCUMENT_NAMES:
-            refs[f"{name}Document"] = outputs[f"{name}DocumentName"]
-        for logical_id in resources(template, "AWS::SNS::Topic"):
-            refs[logical_id] = f"arn:aws:sns:us-east-1:123456789012:{cluster_name}-alarms"
-        for logical_id, group in resources(template, "AWS::Logs::LogGroup").items():
-            if "LogGroupName" not in group["Properties"]:
-                refs[logical_id] = outputs["TrainingLogGroupName"]
-        self.definition = resolve(template, refs)
-        self.client = boto3.client("stepfunctions", region_name="us-east-1")
-        self.arn = self.client.create_state_machine(
-            name=f"{cluster_name}-jobs",
-            definition=json.dumps(self.definition),
-            roleArn="arn:aws:iam::123456789012:role/supervisor",
-            type="STANDARD",
-        )["stateMachineArn"]
+        self.arn = arn
+        self.client = cloud.session().client("stepfunctions")
 
     def start(self, job_id: str, **job: Any) -> str:
         arn: str = self.client.start_execution(
@@ -251,60 +225,14 @@ class Supervisor:
         return "\n".join(lines)
 
 
-def _pascal(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k[:1].upper() + k[1:]: _pascal(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_pascal(v) for v in value]
-    return value
-
-
-class SfnAsSdkIntegration:
-    """Step Functions' own API as an AWS SDK integration sees it. The service takes and gives
-    member names in PascalCase (StateMachineArn, Executions[*].Name) and converts them for the
-    API, whose JSON names are camelCase; moto's interpreter passes them through unchanged (its
-    StateTaskServiceAwsSdk has no name conversion), so this test client converts both ways."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self.client, name)
-
-        def call(**params: Any) -> Any:
-            response = method(**{k[:1].lower() + k[1:]: v for k, v in params.items()})
-            return _pascal(response)
-
-        return call
-
-
-@pytest.fixture
-def interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Any], None]]:
-    """moto with its ASL interpreter on; `route(cloud)` sends the interpreter's SDK calls to the
-    stand-in (Step Functions' own, ListExecutions, stay with moto)."""
-    from moto import mock_aws
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
-        state_task_service_aws_sdk as aws_sdk,
-    )
-
-    original = aws_sdk.boto_client_for
-
-    def route(cloud: Any) -> None:
-        session = cloud.session()
-
-        def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
-            if service == "stepfunctions":
-                return SfnAsSdkIntegration(original(region, service, state_credentials))
-            return session.client(service, region_name=region)
-
-        monkeypatch.setattr(aws_sdk, "boto_client_for", client_for)
-
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
-        yield route
+@contextlib.contextmanager
+def supervised(tmp_path: Path, default: Synth, **options: Any) -> Iterator[tuple[Any, Supervisor]]:
+    """Two stand-in nodes and the default cluster's synthesized state machine."""
+    with (
+        stand_in(tmp_path, cluster_name=default.config.cluster_name, **options) as cloud,
+        local_supervisor(cloud, default.templates["operations"]) as arn,
+    ):
+        yield cloud, Supervisor(cloud, arn)
 
 
 FAST = {"PollSeconds": 1, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
@@ -313,7 +241,7 @@ FAST = {"PollSeconds": 1, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
 @pytest.mark.slow
 @pytest.mark.netns
 def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
-    tmp_path: Path, sample_data: Path, default: Synth, interpreter: Callable[[Any], None]
+    tmp_path: Path, sample_data: Path, default: Synth
 ) -> None:
     """The synthesized definition runs a two-node job: preflight passes, RunTraining starts on
     both nodes with one job ID; one node's command is cancelled the agent's way mid-run; the
@@ -324,9 +252,7 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
     args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
                       "--eval-every", "60", "--log-every", "5")  # fmt: skip
     cluster_name = default.config.cluster_name
-    with stand_in(tmp_path, cluster_name=cluster_name) as cloud:
-        interpreter(cloud)
-        supervisor = Supervisor(cloud, default.templates["operations"], cluster_name)
+    with supervised(tmp_path, default) as (cloud, supervisor):
         execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=1, **FAST)
         job_dir = tmp_path / "jobs" / job
         deadline = time.monotonic() + 400
@@ -378,19 +304,17 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
 @pytest.mark.slow
 @pytest.mark.netns
 def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
-    tmp_path: Path, sample_data: Path, default: Synth, interpreter: Callable[[Any], None]
+    tmp_path: Path, sample_data: Path, default: Synth
 ) -> None:
     """RunTraining's ExecutionTimeout made short for the first leg: launch.sh ends the leg, the
     trainers save and the nodes report ResponseCode 75; the workflow, with no retry to spend,
     starts the next leg, which resumes and finishes."""
     job = "legs"
-    args = train_args(sample_data, "--max-steps", "1500", "--checkpoint-every", "100",
-                      "--eval-every", "1500", "--log-every", "10")  # fmt: skip
+    args = train_args(sample_data, "--max-steps", "700", "--checkpoint-every", "100",
+                      "--eval-every", "700", "--log-every", "10")  # fmt: skip
     defaults = {"RunTraining": {"ExecutionTimeout": "60", "StopGraceSeconds": "30"}}
     cluster_name = default.config.cluster_name
-    with stand_in(tmp_path, cluster_name=cluster_name, document_defaults=defaults) as cloud:
-        interpreter(cloud)
-        supervisor = Supervisor(cloud, default.templates["operations"], cluster_name)
+    with supervised(tmp_path, default, document_defaults=defaults) as (cloud, supervisor):
         execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=0, **FAST)
         deadline = time.monotonic() + 300
         while not any(c.document.endswith("RunTraining") for c in cloud.commands.values()):
@@ -407,10 +331,10 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         }
         assert first <= {("Failed", 75), ("Success", 0)} and ("Failed", 75) in first
         stopped = [s for s in job_metrics(tmp_path, job, "summary") if s.get("stopped_by_signal")]
-        assert stopped and 0 < stopped[0]["step"] < 1500
+        assert stopped and 0 < stopped[0]["step"] < 700
         resumes = job_metrics(tmp_path, job, "resume")
         assert resumes and resumes[0]["step"] == stopped[0]["step"]
-        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 1500
+        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 700
         subjects = [n["Subject"] for n in cloud.notifications]
         assert subjects == [
             f"{cluster_name}: job {job} started",

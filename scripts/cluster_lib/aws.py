@@ -212,6 +212,9 @@ def error_code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
+CLIENT_SERVICES = ("cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions")
+
+
 @dataclass(frozen=True)
 class Clients:
     cloudformation: Any
@@ -220,6 +223,7 @@ class Clients:
     logs: Any
     autoscaling: Any
     fsx: Any
+    stepfunctions: Any
 
     @classmethod
     def from_session(cls, session: Any) -> Clients:
@@ -229,7 +233,7 @@ class Clients:
                 **{
                     # A Config each: botocore rewrites the retries dict of the one it gets.
                     name: session.client(name, config=Config(retries=dict(RETRIES), **TIMEOUTS))
-                    for name in ("cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx")
+                    for name in CLIENT_SERVICES
                 }
             )
 
@@ -845,146 +849,6 @@ class Cluster:
                 return found
         return None
 
-    def train(
-        self,
-        job_id: str,
-        train_args: list[str],
-        *,
-        master_port: str = "29500",
-        nproc_per_node: str = "auto",
-        max_retries: int = 0,
-        retry_delay: float = 60.0,
-        skip_preflight: bool = False,
-        replace_unhealthy: bool = False,
-        detach: bool = False,
-        stream: bool = True,
-    ) -> CommandResult | str:
-        """Runs a job to the end, retrying transient failures: each retry waits for a full
-        set of nodes, re-runs preflight and relaunches the same job ID, which resumes from
-        its latest checkpoint. A leg that ended at its time limit (every node Success or
-        status 75) continues the same way without spending a retry."""
-        parameters = {
-            "JobId": job_id,
-            "MasterPort": master_port,
-            "NprocPerNode": nproc_per_node,
-            "TrainArgs": join_train_args(train_args),
-        }
-        load("RunTraining").check(
-            parameters,
-            {
-                "JobId": "--job-id",
-                "MasterPort": "--master-port",
-                "NprocPerNode": "--nproc-per-node",
-                "TrainArgs": "train arguments",
-            },
-        )
-        attempts = max_retries + 1
-        retries = 0
-        leg = 1
-        sends = 0
-        hint = (
-            f"the job keeps running on the nodes: follow it with `cluster.py logs --job-id "
-            f"{job_id} --follow`, stop it with `cluster.py stop --job-id {job_id}`"
-        )
-        # A StopTraining for this job sent at any time after this call began ends it, also
-        # one sent while it waits between attempts.
-        job_started = datetime.now(UTC)
-        while True:
-            self.wait_for_refresh()
-            nodes = self.wait_for_nodes()
-            failure: CommandResult | None = None
-            if not skip_preflight:
-                check = self.preflight(nodes)
-                if not check.ok:
-                    failure = check
-                    self._handle_unhealthy(check, replace_unhealthy)
-            if failure is None:
-                parameters["Hosts"] = self.hosts(nodes)
-                sends += 1
-                comment = f"{job_id} attempt {sends}"
-                where = f"on {len(nodes)} nodes, master {nodes[0].address}"
-                self.out(
-                    f"job {job_id}: "
-                    + (f"leg {leg}, " if leg > 1 else "")
-                    + f"attempt {retries + 1} of {attempts} {where}"
-                )
-                if detach:
-                    sent = self.send("RunTraining", nodes, parameters, comment)
-                    return ", ".join(s.command_id for s in sent)
-                result = self.run(
-                    "RunTraining", nodes, parameters, comment,
-                    stream_rank=0 if stream else None, hint=hint,
-                )  # fmt: skip
-                if result.ok:
-                    self.out(f"job {job_id} finished on all {len(nodes)} nodes")
-                    return result
-                failure = result
-            stopper = self.stop_requested(job_id, job_started)
-            if stopper:
-                raise ClusterError(
-                    f"job {job_id} was stopped (StopTraining command {stopper}); not retrying. "
-                    f"{failure.summary()}"
-                )
-            if failure.document == "RunTraining" and failure.leg_ended:
-                self.out(
-                    f"job {job_id}: leg {leg} reached its time limit and saved a checkpoint; "
-                    f"starting leg {leg + 1}, which resumes from it (not counted as a retry)"
-                )
-                leg += 1
-                continue
-            if retries == max_retries:
-                spent = f" after {max_retries} retries" if max_retries else ""
-                raise ClusterError(f"job {job_id} failed{spent}: {failure.summary()}")
-            retries += 1
-            self.out(failure.summary())
-            self.out(
-                f"job {job_id}: attempt {retries} failed; retrying in {retry_delay:.0f} s "
-                "(preflight, then the same job ID, which resumes from its latest checkpoint)"
-            )
-            self.sleep(retry_delay)
-            stopper = self.stop_requested(job_id, job_started)
-            if stopper:
-                raise ClusterError(
-                    f"job {job_id} was stopped (StopTraining command {stopper}) while waiting to "
-                    "retry; not relaunching it"
-                )
-
-    def _handle_unhealthy(self, check: CommandResult, replace: bool) -> None:
-        for inv in check.failed:
-            if inv.response_code != REPLACE_NODE_STATUS:
-                continue
-            if not replace:
-                self.out(
-                    f"{inv.label} reports a Neuron hardware error: replace it (terminate the "
-                    "instance, or pass --replace-unhealthy)"
-                )
-                continue
-            self.out(f"marking {inv.label} unhealthy: the Auto Scaling group replaces it")
-            with aws_errors("marking the node unhealthy"):
-                self.clients.autoscaling.set_instance_health(
-                    InstanceId=inv.node.instance_id,
-                    HealthStatus="Unhealthy",
-                    ShouldRespectGracePeriod=False,
-                )
-
-    def stop_requested(self, job_id: str, since: datetime) -> str | None:
-        """The ID of a StopTraining command for job_id sent after `since`, if any."""
-        document = self.outputs().document("StopTraining")
-        commands = self.persist(
-            "listing StopTraining commands",
-            lambda: self.clients.ssm.list_commands(
-                Filters=[
-                    {"key": "DocumentName", "value": document},
-                    {"key": "InvokedAfter", "value": since.strftime("%Y-%m-%dT%H:%M:%SZ")},
-                ]
-            )["Commands"],
-        )
-        for command in commands:
-            if command.get("Parameters", {}).get("JobId") == [job_id]:
-                found: str = command["CommandId"]
-                return found
-        return None
-
     def precompile(
         self,
         job_id: str,
@@ -1106,20 +970,21 @@ class Cluster:
         )
         return commands[:limit]
 
-    def latest_commands(self, job_id: str, document: str = "RunTraining") -> list[str]:
-        """The command IDs of the job's latest attempt: its newest command and the other
-        batches sent with it (same comment, token included, but for the ` part i/k` suffix)."""
-        mine: list[dict[str, Any]] = []
+    def _commands(self, document: str) -> list[dict[str, Any]]:
         with aws_errors("listing commands"):
             paginator = self.clients.ssm.get_paginator("list_commands")
-            for page in paginator.paginate(
-                Filters=[{"key": "DocumentName", "value": self.outputs().document(document)}]
-            ):
-                mine.extend(
-                    c for c in page["Commands"] if c.get("Parameters", {}).get("JobId") == [job_id]
+            return [
+                command
+                for page in paginator.paginate(
+                    Filters=[{"key": "DocumentName", "value": self.outputs().document(document)}]
                 )
-        if not mine:
-            raise ClusterError(f"no {document} command found for job {job_id}")
+                for command in page["Commands"]
+            ]
+
+    @staticmethod
+    def _latest_attempt(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The newest command and the other batches sent with it (same comment, token
+        included, but for the ` part i/k` suffix)."""
         oldest = datetime.min.replace(tzinfo=UTC)
         newest = max(mine, key=lambda c: c.get("RequestedDateTime") or oldest)
 
@@ -1127,8 +992,31 @@ class Cluster:
             return str(command.get("Comment", "")).rsplit(" part ", 1)[0]
 
         if " part " not in str(newest.get("Comment", "")):
-            return [newest["CommandId"]]
-        return [c["CommandId"] for c in mine if attempt(c) == attempt(newest)]
+            return [newest]
+        return [c for c in mine if attempt(c) == attempt(newest)]
+
+    def latest_command_details(
+        self, job_id: str, document: str = "RunTraining"
+    ) -> list[dict[str, Any]]:
+        """The commands (every batch) of the job's latest attempt, as ListCommands gives them."""
+        mine = [
+            c for c in self._commands(document) if c.get("Parameters", {}).get("JobId") == [job_id]
+        ]
+        if not mine:
+            raise ClusterError(f"no {document} command found for job {job_id}")
+        return self._latest_attempt(mine)
+
+    def latest_commands(self, job_id: str, document: str = "RunTraining") -> list[str]:
+        """The command IDs of the job's latest attempt (every batch of it)."""
+        return [c["CommandId"] for c in self.latest_command_details(job_id, document)]
+
+    def latest_commands_by_job(self, document: str = "RunTraining") -> dict[str, dict[str, Any]]:
+        """Each job's newest command (the first batch of its latest attempt)."""
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for command in self._commands(document):
+            job = command.get("Parameters", {}).get("JobId", [""])[0]
+            by_job.setdefault(job, []).append(command)
+        return {job: self._latest_attempt(mine)[0] for job, mine in by_job.items() if job}
 
     def commands_ended(self, command_ids: list[str]) -> dict[str, str] | None:
         """Each command's status when all have ended, else None (also on a transient error)."""

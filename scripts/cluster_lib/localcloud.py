@@ -1,6 +1,6 @@
 """A local stand-in for the AWS side of a cluster, for the rehearsal and its tests.
 
-The operator CLI's own code (scripts/cluster_lib/aws.py: `Cluster.train`, `preflight`,
+The operator CLI's own code (scripts/cluster_lib/aws.py and jobs.py: `train`, `preflight`,
 `stop`, `logs`) runs against real botocore clients whose calls are answered here instead of
 by AWS: a `before-call` handler returns the response, after botocore has validated the
 request against the service model, so paginators, waiters of our own and error handling all
@@ -15,7 +15,8 @@ Served: CloudFormation DescribeStacks; EC2 DescribeInstances; Auto Scaling
 DescribeAutoScalingGroups, SetInstanceHealth (an Unhealthy node is replaced); SSM
 SendCommand, ListCommands, ListCommandInvocations, GetCommandInvocation, CancelCommand,
 DescribeInstanceInformation; CloudWatch Logs DescribeLogStreams, GetLogEvents,
-FilterLogEvents; SNS Publish (kept in `notifications`, for the job supervisor's tests).
+FilterLogEvents; SNS Publish (kept in `notifications`). Step Functions calls pass through to
+moto, where the job supervisor's state machine runs (scripts/cluster_lib/local_supervisor.py).
 Any other call fails with a clear error.
 """
 
@@ -52,6 +53,9 @@ from scripts.cluster_lib.ssm_agent import (
 MAX_INSTANCE_IDS = 50
 ACTIVE = ("Pending", "InProgress", "Cancelling", "Delayed")
 REGION = "us-east-1"
+#: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
+#: moto's, with its ASL interpreter (scripts/cluster_lib/local_supervisor.py).
+PASSED_THROUGH = {"stepfunctions"}
 ZONE = "us-east-1a"
 NEURON_VENV = "/opt/aws_neuronx_venv_pytorch_2_9"
 INSTALL_ROOT = "/opt/trainium-cluster"
@@ -208,6 +212,9 @@ class LocalCloud:
         self.commands: dict[str, Command] = {}
         self.health_reports: list[tuple[str, str]] = []
         self.notifications: list[dict[str, str]] = []
+        #: Outputs added to the operations stack's, e.g. the local job supervisor's ARN.
+        self.extra_outputs: dict[str, str] = {}
+        self.region = REGION
         self.calls: list[str] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -393,6 +400,8 @@ class LocalCloud:
         from botocore.awsrequest import AWSResponse
 
         service = model.service_model.service_name
+        if service in PASSED_THROUGH:
+            return None  # type: ignore[return-value]
         operation = model.name
         params = context.get("local_params", {})
         self.calls.append(f"{service}.{operation}")
@@ -436,6 +445,7 @@ class LocalCloud:
             values[f"{name}DocumentName"] = f"{self.cluster_name}-{name}"
         for key in (*aws.REQUIRED_OUTPUTS, *getattr(aws, "EXPORT_OUTPUTS", ())):
             values.setdefault(key, f"rehearsal-{key}")
+        values.update(self.extra_outputs)
         return values
 
     def _cloudformation_DescribeStacks(self, params: dict[str, Any]) -> dict[str, Any]:

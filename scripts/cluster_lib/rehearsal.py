@@ -446,9 +446,11 @@ def rehearse(
     """What `cluster.py rehearse` does; returns the job's summary metrics line.
 
     With network namespaces (root), the job goes through every layer AWS has: the operator
-    CLI's own `train` (preflight, RunTraining, following, retries) against the local Run
-    Command stand-in (scripts/cluster_lib/localcloud.py), which runs the real SSM documents
-    on the nodes as the SSM agent does. On loopback addresses (no privileges) the node
+    CLI's own `train` starts an execution of the operations stack's job supervisor (its
+    synthesized definition, in moto's Step Functions interpreter), which waits for the nodes,
+    runs preflight, sends RunTraining and retries through the local Run Command stand-in
+    (scripts/cluster_lib/localcloud.py), which runs the real SSM documents on the nodes as the
+    SSM agent does. On loopback addresses (no privileges) the node
     scripts are started directly, without the agent's layer."""
     if not 1 <= nodes <= 8:
         raise ClusterError(f"--nodes {nodes} is not allowed: rehearse with 1 to 8 nodes")
@@ -484,8 +486,15 @@ def _rehearse_through_run_command(
     out: Callable[[str], None],
 ) -> dict[str, Any]:
     from scripts.cluster_lib.aws import Cluster
+    from scripts.cluster_lib.jobs import Jobs
+    from scripts.cluster_lib.local_supervisor import local_supervisor, synthesize_operations
     from scripts.cluster_lib.localcloud import local_cloud
 
+    if not preflight:
+        raise ClusterError(
+            "--skip-preflight is for --mode loopback only: through the Run Command stand-in "
+            "the job supervisor runs preflight before every attempt, as it does in AWS"
+        )
     output = output.resolve()
     for private in NODE_PRIVATE:
         if output == Path(private) or Path(private) in output.parents:
@@ -497,24 +506,38 @@ def _rehearse_through_run_command(
     if fresh:
         shutil.rmtree(output / "jobs" / job_id, ignore_errors=True)
     shutil.rmtree(output / "nodes", ignore_errors=True)
-    with local_cloud(nodes, output) as cloud:
+    out("rehearsal: synthesizing the operations stack for its job supervisor")
+    template = synthesize_operations(REHEARSAL_CLUSTER, nodes)
+    with (
+        local_cloud(nodes, output, cluster_name=REHEARSAL_CLUSTER) as cloud,
+        local_supervisor(cloud, template),
+    ):
         addresses = ", ".join(i.address for i in cloud.running())
         out(
             f"rehearsal: {nodes} nodes (netns: {addresses}) behind the local Run Command "
-            f"stand-in, output {output}"
+            f"stand-in, the job supervisor in moto's Step Functions interpreter, output {output}"
         )
         cluster = Cluster(
             cloud.clients(), cloud.cluster_name, out=out, poll_interval=1.0,
             wait_timeout=120, failure_grace=60,
         )  # fmt: skip
-        cluster.train(
+        jobs = Jobs(cluster)
+        execution = jobs.start(
             job_id,
             [*default_train_args(data), *extra_args],
-            skip_preflight=not preflight,
+            max_retries=1,
             retry_delay=5,
-            stream=not quiet,
+            options=REHEARSAL_SUPERVISOR,
         )
+        jobs.follow(execution, job_id, stream=not quiet)  # Ctrl-C ends the rehearsal
     return _summary(output, job_id, out)
+
+
+#: The rehearsal cluster's name (the stand-in's and the synthesized stack's).
+REHEARSAL_CLUSTER = "rehearsal"
+#: The supervisor's timing for a rehearsal: poll every second, cancel the rest of an attempt
+#: a minute after one node ended.
+REHEARSAL_SUPERVISOR = {"PollSeconds": 1, "FailureGraceSeconds": 60}
 
 
 def _summary(output: Path, job_id: str, out: Callable[[str], None]) -> dict[str, Any]:

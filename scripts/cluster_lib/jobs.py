@@ -1,0 +1,455 @@
+"""Jobs under the cluster's job supervisor: start, follow, list and stop them.
+
+A job is one execution of the operations stack's Step Functions state machine
+(stacks/supervisor.py, output `JobStateMachineArn`). The execution waits for the nodes, runs
+preflight, sends RunTraining, retries with resume and continues legs on the AWS side; the CLI
+only starts it and reads what it does, so closing the terminal (or Ctrl-C) never ends a job and
+never leaves one without supervision. There is no retry loop on the operator's machine.
+
+What the CLI prints while following comes from the execution's own history: the states it
+enters (waiting for nodes, preflight, RunTraining) and the notifications it publishes to the
+cluster's SNS topic (started, retries, continues, stopped, failed, finished), so the terminal
+and the topic's subscribers read the same account of the job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.aws import Cluster, Node, _LogFollower, aws_errors, error_code
+from scripts.cluster_lib.documents import join_train_args, load
+
+#: The operations stack's output naming the state machine.
+JOB_STATE_MACHINE_OUTPUT = "JobStateMachineArn"
+#: Execution names are the job ID and the start time. StartExecution's name: "Length
+#: Constraints: Minimum length of 1. Maximum length of 80." (Step Functions API reference);
+#: a 64-character job ID, "-" and the 15-character stamp make exactly 80. Names stay unique
+#: for 90 days per state machine, so a job resumed later gets a new execution.
+EXECUTION_STAMP = "%Y%m%d-%H%M%S"
+EXECUTION_NAME = re.compile(r"^(?P<job>.+)-[0-9]{8}-[0-9]{6}$")
+#: The failure names the state machine ends with (stacks/supervisor.py).
+REFUSED, FAILED, STOPPED = "JobAlreadyRunning", "JobFailed", "JobStopped"
+#: What the trainer prints on rank 0 (workload/train.py progress lines).
+STEP_LINE = re.compile(r"\bstep (?P<step>[0-9]+)/(?P<total>[0-9]+) loss ")
+EVAL_LINE = re.compile(r"\beval at step (?P<step>[0-9]+): loss \S+ accuracy (?P<accuracy>[0-9.]+)")
+#: States worth a line of their own while following (the rest shows in notifications).
+STATE_LINES = {
+    "WaitForNodes": "waiting for a full set of InService, healthy nodes",
+    "PreflightBatches": "preflight on every node",
+    "RunTrainingBatches": "RunTraining on every node",
+}
+
+
+def execution_name(job_id: str, now: datetime) -> str:
+    return f"{job_id}-{now.astimezone(UTC):{EXECUTION_STAMP}}"
+
+
+def job_of(name: str) -> str:
+    """The job ID of an execution name (one started by hand may be the job ID itself)."""
+    match = EXECUTION_NAME.match(name)
+    return match.group("job") if match else name
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s"
+
+
+@dataclass
+class JobRow:
+    """One line of `cluster.py jobs`."""
+
+    job_id: str
+    status: str
+    started: datetime
+    duration: str
+    attempts: str = "-"
+    retries: str = "-"
+    legs: str = "-"
+    step: str = "-"
+    accuracy: str = "-"
+    execution: str = ""
+
+
+class Jobs:
+    """The cluster's jobs, as executions of its state machine."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.sfn = cluster.clients.stepfunctions
+
+    @property
+    def out(self) -> Any:
+        return self.cluster.out
+
+    @property
+    def state_machine(self) -> str:
+        outputs = self.cluster.outputs()
+        arn = outputs.values.get(JOB_STATE_MACHINE_OUTPUT)
+        if not arn:
+            raise ClusterError(
+                f"stack {outputs.stack_name} has no {JOB_STATE_MACHINE_OUTPUT} output (the job "
+                "supervisor): redeploy the operations stack from this version of the project"
+            )
+        return arn
+
+    # ------------------------------------------------------------------ reading
+    def executions(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+        """The state machine's executions, newest first."""
+        found: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {"stateMachineArn": self.state_machine}
+        if status:
+            kwargs["statusFilter"] = status
+        with aws_errors("listing the cluster's jobs"):
+            for page in self.sfn.get_paginator("list_executions").paginate(**kwargs):
+                found.extend(page["executions"])
+                if limit is not None and len(found) >= limit:
+                    return found[:limit]
+        return found
+
+    def running(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        running = self.executions("RUNNING")
+        return [e for e in running if job_id is None or job_of(e["name"]) == job_id]
+
+    def history(self, arn: str, after: int = 0, *, newest: int | None = None) -> list[dict]:
+        """The execution's events with an ID above `after`, oldest first. They are asked for
+        newest first (reverseOrder), so that following a long execution costs one call per
+        poll; the order the pages come in is not relied on (the IDs are). `newest` keeps only
+        that many of the newest."""
+        found: dict[int, dict[str, Any]] = {}
+        kwargs: dict[str, Any] = {"executionArn": arn, "reverseOrder": True, "maxResults": 100}
+        while True:
+            page = self.sfn.get_execution_history(**kwargs)
+            reached = False
+            for event in page["events"]:
+                if event["id"] <= after:
+                    reached = True
+                else:
+                    found[event["id"]] = event
+            if reached or "nextToken" not in page or (newest and len(found) >= newest):
+                break
+            kwargs["nextToken"] = page["nextToken"]
+        events = [found[i] for i in sorted(found)]
+        return events[-newest:] if newest else events
+
+    # ----------------------------------------------------------------- starting
+    def start(
+        self,
+        job_id: str,
+        train_args: list[str],
+        *,
+        master_port: str = "29500",
+        nproc_per_node: str = "auto",
+        max_retries: int = 2,
+        retry_delay: float = 60,
+        options: dict[str, Any] | None = None,
+    ) -> str:
+        """Starts the job's execution; refuses, in one line, while another job runs."""
+        parameters = {
+            "JobId": job_id,
+            "MasterPort": master_port,
+            "NprocPerNode": nproc_per_node,
+            "TrainArgs": join_train_args(train_args),
+        }
+        load("RunTraining").check(
+            parameters,
+            {
+                "JobId": "--job-id",
+                "MasterPort": "--master-port",
+                "NprocPerNode": "--nproc-per-node",
+                "TrainArgs": "train arguments",
+            },
+        )
+        arn = self.state_machine
+        running = self.running()
+        if running:
+            other = running[0]
+            raise ClusterError(
+                f"job {job_of(other['name'])} runs on this cluster (execution {other['name']}, "
+                f"started {other['startDate']:%Y-%m-%d %H:%M} UTC); one job at a time: wait for "
+                f"it, or stop it with `cluster.py stop --job-id {job_of(other['name'])}`"
+            )
+        job = {
+            **parameters,
+            "MaxRetries": max_retries,
+            "RetryDelaySeconds": int(retry_delay),
+            **(options or {}),
+        }
+        name = execution_name(job_id, datetime.now(UTC))
+        try:
+            with aws_errors("starting the job's execution"):
+                started = self.sfn.start_execution(
+                    stateMachineArn=arn, name=name, input=json.dumps(job)
+                )
+        except ClusterError as error:
+            if "ExecutionAlreadyExists" in str(error):
+                raise ClusterError(
+                    f"an execution named {name} exists already: start the job again in a second"
+                ) from None
+            raise
+        execution: str = started["executionArn"]
+        return execution
+
+    def run(
+        self, execution: str, job_id: str, *, detach: bool = False, stream: bool = True
+    ) -> None:
+        """After `start`: says so, then follows the execution unless `detach`. Ctrl-C from here
+        on detaches: the job goes on under its supervisor."""
+        try:
+            name = execution.rsplit(":", 1)[-1]
+            machine = execution.rsplit(":", 2)[-2]
+            self.out(
+                f"job {job_id}: started execution {name} of {machine} (its supervisor in AWS "
+                "waits for the nodes, runs preflight, retries and resumes)"
+            )
+            if detach:
+                self.out(f"job {job_id} runs under its supervisor; follow it with")
+                self.out(f"  python scripts/cluster.py logs --job-id {job_id} --follow")
+                return
+            self.follow(execution, job_id, stream=stream)
+        except KeyboardInterrupt:
+            self.out(self.detached(job_id))
+        except Detached as detached:
+            self.out(str(detached))
+
+    @staticmethod
+    def detached(job_id: str) -> str:
+        return (
+            f"detached from job {job_id}; it goes on in AWS under its supervisor. Follow it "
+            f"again with `cluster.py logs --job-id {job_id} --follow`, list jobs with "
+            f"`cluster.py jobs`, stop it with `cluster.py stop --job-id {job_id}`"
+        )
+
+    # ---------------------------------------------------------------- following
+    def follow(self, execution: str, job_id: str, *, stream: bool = True) -> None:
+        """Prints what the execution does until it ends; returns when it succeeded, raises a
+        ClusterError otherwise. Ctrl-C detaches (the job goes on) and raises Detached."""
+        seen = 0
+        last_state = ""
+        last_message = ""
+        followers: list[_LogFollower] = []
+        training_since: datetime | None = None
+        hint = (
+            f"the job goes on in AWS: `cluster.py jobs`, `cluster.py logs --job-id {job_id} "
+            f"--follow`, `cluster.py stop --job-id {job_id}`"
+        )
+        try:
+            while True:
+                after = seen
+                events = self.cluster.patiently(
+                    "following the job",
+                    lambda after=after: self.history(execution, after),  # type: ignore[misc]
+                    hint=hint,
+                )
+                for event in events or []:
+                    seen = max(seen, event["id"])
+                    entered = event.get("stateEnteredEventDetails")
+                    if entered:
+                        state = entered["name"]
+                        if state in STATE_LINES and state != last_state:
+                            self.out(f"job {job_id}: {STATE_LINES[state]}")
+                        if state == "RunTrainingBatches":
+                            training_since = event["timestamp"]
+                            followers = []
+                        if state not in ("ReadGroup", "SelectHealthy", "CountNodes"):
+                            last_state = state
+                    message = self._notification(event)
+                    if message:
+                        last_message = message
+                        self.out(f"job {job_id}: {message}")
+                if stream and training_since is not None and not followers:
+                    followers = self._rank0_followers(job_id, training_since)
+                for follower in followers:
+                    follower.poll()
+                described = self.cluster.patiently(
+                    "following the job",
+                    lambda: self.sfn.describe_execution(executionArn=execution),
+                    hint=hint,
+                )
+                if described and described["status"] != "RUNNING":
+                    for follower in followers:
+                        follower.poll()
+                    self._ended(described, job_id, last_message)
+                    return
+                self.cluster.sleep(self.cluster.poll_interval)
+        except KeyboardInterrupt:
+            raise Detached(self.detached(job_id)) from None
+
+    @staticmethod
+    def _notification(event: dict[str, Any]) -> str | None:
+        """The message of an SNS notification the workflow sends, if the event is one."""
+        details = event.get("taskScheduledEventDetails")
+        if not details or not str(details.get("resourceType", "")).endswith(":sns"):
+            return None
+        try:
+            message = json.loads(details.get("parameters") or "{}").get("Message")
+        except ValueError:
+            return None
+        return str(message) if message else None
+
+    def _rank0_followers(self, job_id: str, since: datetime) -> list[_LogFollower]:
+        """Followers of rank 0's output in the job's RunTraining commands sent at or after
+        `since` (none yet: the workflow has not sent them; try again at the next poll)."""
+        try:
+            commands = self.cluster.latest_command_details(job_id)
+        except (ClusterError, ClientError, BotoCoreError):
+            return []
+        commands = [c for c in commands if c.get("RequestedDateTime", since) >= since]
+        if not commands:
+            return []
+        hosts = commands[0].get("Parameters", {}).get("Hosts", [""])[0].split(",")
+        nodes, _ = self.cluster.running_nodes()
+        rank0 = next((n for n in nodes if n.address == hosts[0]), None)
+        if rank0 is None:
+            return []
+        self.out(f"job {job_id}: output of rank 0 ({rank0.instance_id}, {rank0.address}):")
+        return [_LogFollower(self.cluster, c["CommandId"], rank0) for c in commands]
+
+    def _ended(self, described: dict[str, Any], job_id: str, last_message: str) -> None:
+        status = described["status"]
+        name = described.get("name", "")
+        if status == "SUCCEEDED":
+            self.out(f"job {job_id} finished (execution {name})")
+            return
+        error, cause = described.get("error", ""), described.get("cause", "")
+        logs = f"read its output with `cluster.py logs --job-id {job_id}`"
+        if error == REFUSED:
+            raise ClusterError(f"job {job_id} was refused: {cause}")
+        if error == STOPPED or status == "ABORTED":
+            raise ClusterError(f"job {job_id} was stopped (execution {name} {status.lower()})")
+        if error == FAILED:
+            raise ClusterError(f"job {job_id} failed: {last_message or cause}; {logs}")
+        raise ClusterError(
+            f"the supervisor of job {job_id} ended {status}"
+            + (f" ({error}: {cause})" if error or cause else "")
+            + f"; {logs}"
+        )
+
+    # ------------------------------------------------------------------ listing
+    def rows(self, limit: int = 10) -> list[JobRow]:
+        """The newest `limit` jobs with status, duration, attempts and the last step and
+        accuracy rank 0 reported (where its node and output are still there)."""
+        now = datetime.now(UTC)
+        rows: list[JobRow] = []
+        executions = self.executions(limit=limit)
+        latest = self.cluster.latest_commands_by_job() if executions else {}
+        nodes = {n.address: n for n in self.cluster.running_nodes()[0]} if executions else {}
+        for execution in executions:
+            started = execution["startDate"]
+            ended = execution.get("stopDate") or now
+            row = JobRow(
+                job_id=job_of(execution["name"]),
+                status=execution["status"],
+                started=started,
+                duration=_duration((ended - started).total_seconds()),
+                execution=execution["name"],
+            )
+            with _quietly():
+                counters = self._counters(execution["executionArn"])
+                if counters:
+                    row.attempts = str(counters.get("Attempts", "-"))
+                    row.retries = str(counters.get("Retries", "-"))
+                    row.legs = str(counters.get("Legs", "-"))
+            command = latest.get(row.job_id)
+            if command and command.get("RequestedDateTime", now) >= started:
+                hosts = command.get("Parameters", {}).get("Hosts", [""])[0].split(",")
+                node = nodes.get(hosts[0])
+                if node is not None:
+                    with _quietly():
+                        row.step, row.accuracy = self._progress(command["CommandId"], node)
+            rows.append(row)
+        return rows
+
+    def _counters(self, arn: str) -> dict[str, Any] | None:
+        """The attempt, retry and leg counters as the execution last carried them."""
+        for event in reversed(self.history(arn, newest=100)):
+            for key in ("stateExitedEventDetails", "stateEnteredEventDetails"):
+                details = event.get(key) or {}
+                text = details.get("output") or details.get("input")
+                if not text or '"Counters"' not in text:
+                    continue
+                try:
+                    counters = json.loads(text).get("Counters")
+                except ValueError:
+                    continue
+                if isinstance(counters, dict):
+                    return counters
+        return None
+
+    def _progress(self, command_id: str, node: Node) -> tuple[str, str]:
+        """The last step and evaluation accuracy in rank 0's output of a command."""
+        log_group = self.cluster.outputs()["TrainingLogGroupName"]
+        step, accuracy = "-", "-"
+        for name in self.cluster.log_streams(log_group, f"{command_id}/{node.instance_id}/"):
+            events = self.cluster.clients.logs.get_log_events(
+                logGroupName=log_group, logStreamName=name, startFromHead=False, limit=500
+            )["events"]
+            for event in events:
+                for found in STEP_LINE.finditer(event["message"]):
+                    step = f"{found['step']}/{found['total']}"
+                for found in EVAL_LINE.finditer(event["message"]):
+                    accuracy = f"{found['accuracy']} (step {found['step']})"
+        return step, accuracy
+
+    # ----------------------------------------------------------------- stopping
+    def stop(self, job_id: str) -> list[str]:
+        """Stops the job's running executions (the supervisor neither retries nor starts
+        another leg); returns their names. The caller then ends the processes on the nodes."""
+        stopped = []
+        for execution in self.running(job_id):
+            with aws_errors("stopping the job's execution"):
+                try:
+                    self.sfn.stop_execution(
+                        executionArn=execution["executionArn"],
+                        error="StoppedByOperator",
+                        cause=f"cluster.py stop --job-id {job_id}",
+                    )
+                except ClientError as error:
+                    if error_code(error) != "ExecutionDoesNotExist":
+                        raise
+            self.out(f"job {job_id}: stopped execution {execution['name']} (no retry follows)")
+            stopped.append(execution["name"])
+        return stopped
+
+
+class Detached(Exception):
+    """Ctrl-C while following: the job goes on; the message says how to find it again."""
+
+
+class _quietly:
+    """Leaves a field of `jobs` at "-" when AWS cannot tell it (the listing goes on)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(
+            kind, ClientError | BotoCoreError | ClusterError | KeyError | ValueError
+        )
+
+
+def rows_text(rows: list[JobRow]) -> Iterator[str]:
+    yield (
+        f"{'JOB':<24} {'STATUS':<10} {'STARTED (UTC)':<16} {'DURATION':>8} {'ATTEMPTS':>8} "
+        f"{'RETRIES':>7} {'LEGS':>4} {'STEP':>12}  ACCURACY"
+    )
+    for r in rows:
+        yield (
+            f"{r.job_id:<24} {r.status:<10} {r.started:%Y-%m-%d %H:%M} {r.duration:>8} "
+            f"{r.attempts:>8} {r.retries:>7} {r.legs:>4} {r.step:>12}  {r.accuracy}"
+        )

