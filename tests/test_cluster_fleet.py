@@ -12,6 +12,7 @@ import pytest
 from scripts.cluster_lib import ClusterError
 from tests.cluster_support import (
     OUTPUTS,
+    TRAIN_ARGS,
     FakeAws,
     capture,
     fake_aws,
@@ -142,6 +143,52 @@ def test_wait_for_refresh_waits_while_an_instance_refresh_replaces_nodes(aws: Fa
         "50% done): wait for it (`cluster.py roll --wait`)"
     ]
     assert aws.time.slept == [5]
+
+
+def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: FakeAws) -> None:
+    """`train` waits for a refresh (`roll`) before it starts the supervisor's execution, looks
+    for a running job, and gives the execution the job's settings."""
+    import json
+
+    from botocore.stub import ANY, Stubber
+
+    from scripts.cluster_lib.jobs import EXECUTION_NAME, Jobs
+
+    machine = "arn:aws:states:us-east-1:123456789012:stateMachine:trainium-jobs"
+    aws.stack({**OUTPUTS, "JobStateMachineArn": machine})
+    aws.no_refresh([{"InstanceRefreshId": REFRESH, "Status": "InProgress"}])
+    aws.no_refresh([])
+    sfn = Stubber(aws.clients.stepfunctions)
+    sfn.add_response(
+        "list_executions",
+        {"executions": []},
+        {"stateMachineArn": machine, "statusFilter": "RUNNING"},
+    )
+    started: dict[str, Any] = {}
+    sfn.add_response(
+        "start_execution",
+        {"executionArn": f"{machine}:bert-1-x", "startDate": datetime(2026, 1, 1, tzinfo=UTC)},
+        {"stateMachineArn": machine, "name": ANY, "input": ANY},
+    )
+    aws.clients.stepfunctions.meta.events.register(
+        "provide-client-params.states.StartExecution",
+        lambda params, **_: started.update(params),
+    )
+    with sfn:
+        arn = Jobs(aws.cluster()).start(
+            "bert-1", TRAIN_ARGS, max_retries=3, retry_delay=30, options={"PollSeconds": 60}
+        )
+    sfn.assert_no_pending_responses()
+    aws.verify()
+    assert arn == f"{machine}:bert-1-x"
+    assert aws.lines[0].startswith(f"waiting: instance refresh {REFRESH}")
+    match = EXECUTION_NAME.match(started["name"])
+    assert match and match["job"] == "bert-1" and len(started["name"]) <= 80
+    assert json.loads(started["input"]) == {
+        "JobId": "bert-1", "MasterPort": "29500", "NprocPerNode": "auto",
+        "TrainArgs": " ".join(TRAIN_ARGS), "MaxRetries": 3, "RetryDelaySeconds": 30,
+        "PollSeconds": 60,
+    }  # fmt: skip
 
 
 # -------------------------------------------------------------------------- export

@@ -343,3 +343,34 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         ], subjects
         assert "after 0 retries and 2 legs" in cloud.notifications[-1]["Message"]
         assert gone(job), "a process of the job outlived it"
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_a_node_whose_preflight_reports_a_hardware_error_is_replaced_and_the_job_runs(
+    tmp_path: Path, sample_data: Path, default: Synth
+) -> None:
+    """One node's kernel log reports NEURON_HW_ERR: its preflight exits 3, the workflow marks
+    it Unhealthy (SetInstanceHealth; the stand-in's group replaces it, as Auto Scaling does),
+    spends a retry, waits for a full set again, and the job runs on the new node."""
+    job = "replaced"
+    args = train_args(sample_data, "--max-steps", "10", "--eval-every", "10",
+                      "--checkpoint-every", "10")  # fmt: skip
+    with supervised(tmp_path, default) as (cloud, supervisor):
+        victim = cloud.running()[1]
+        dmesg = victim.root / "upper" / "usr-local" / "sbin" / "dmesg"
+        dmesg.write_text('#!/bin/sh\necho "[ 9.0] neuron: NEURON_HW_ERR=DMA_ERROR nd0 nc1"\n')
+        execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=1, **FAST)
+        assert supervisor.wait(execution, 600) == "SUCCEEDED", supervisor.trace(execution)
+
+        assert cloud.health_reports == [(victim.instance_id, "Unhealthy")]
+        assert victim.state != "running"
+        (first, second) = [c for c in cloud.commands.values() if c.document.endswith("Preflight")]
+        codes = {i: inv.status()["code"] for i, inv in first.invocations.items()}
+        assert codes[victim.instance_id] == 3, codes
+        assert victim.instance_id not in second.invocations
+        (training,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert set(training.invocations) == {i.instance_id for i in cloud.running()}
+        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 10
+        subjects = [n["Subject"].rsplit(" ", 1)[-1] for n in cloud.notifications]
+        assert subjects == ["started", "retries", "finished"], subjects

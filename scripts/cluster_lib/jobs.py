@@ -176,6 +176,9 @@ class Jobs:
             },
         )
         arn = self.state_machine
+        # Not while `roll` replaces nodes (the supervisor itself does not look at refreshes:
+        # a retry during a refresh waits for a full set of InService nodes like any other).
+        self.cluster.wait_for_refresh()
         running = self.running()
         if running:
             other = running[0]
