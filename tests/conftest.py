@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,3 +29,19 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def loader() -> Any:
+    """botocore's data loader, shared so that service models are parsed once per module."""
+    from tests.cluster_support import shared_loader
+
+    return shared_loader()
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[Any]:
+    """The simulated AWS of the operator CLI's tests (tests/cluster_support.py)."""
+    from tests.cluster_support import fake_aws
+
+    yield from fake_aws(monkeypatch, loader)

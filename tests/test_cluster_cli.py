@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,24 +20,12 @@ from tests.cluster_support import (
     SOFTWARE,
     FakeAws,
     capture,
-    fake_aws,
     hosts,
     run_training,
-    shared_loader,
     train_parameters,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def loader() -> Any:
-    return shared_loader()
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:
-    yield from fake_aws(monkeypatch, loader)
 
 
 def test_preflight_then_the_job_on_all_nodes_in_address_order(aws: FakeAws) -> None:

@@ -3,7 +3,6 @@ exporting FSx to S3 before a destroy (contract C6)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,23 +14,11 @@ from tests.cluster_support import (
     TRAIN_ARGS,
     FakeAws,
     capture,
-    fake_aws,
-    shared_loader,
 )
 
 GROUP = OUTPUTS["AutoScalingGroupName"]
 REFRESH = "08b91cf7-8fa6-48af-b6a6-d227f40f1b9b"
 PREFERENCES = {"SkipMatching": True, "MinHealthyPercentage": 0, "MaxHealthyPercentage": 100}
-
-
-@pytest.fixture(scope="module")
-def loader() -> Any:
-    return shared_loader()
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:
-    yield from fake_aws(monkeypatch, loader)
 
 
 # ---------------------------------------------------------------------------- roll

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,21 +18,9 @@ from tests.cluster_support import (
     FakeAws,
     Instance,
     capture,
-    fake_aws,
     run_training,
-    shared_loader,
     train_parameters,
 )
-
-
-@pytest.fixture(scope="module")
-def loader() -> Any:
-    return shared_loader()
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[FakeAws]:
-    yield from fake_aws(monkeypatch, loader)
 
 
 def cancel(aws: FakeAws, command_id: str, instances: list[Instance]) -> None:

@@ -14,6 +14,7 @@ and the topic's subscribers read the same account of the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -362,7 +363,7 @@ class Jobs:
                 duration=_duration((ended - started).total_seconds()),
                 execution=execution["name"],
             )
-            with _quietly():
+            with contextlib.suppress(*UNKNOWN_FIELD):
                 counters = self._counters(execution["executionArn"])
                 if counters:
                     row.attempts = str(counters.get("Attempts", "-"))
@@ -373,7 +374,7 @@ class Jobs:
                 hosts = command.get("Parameters", {}).get("Hosts", [""])[0].split(",")
                 node = nodes.get(hosts[0])
                 if node is not None:
-                    with _quietly():
+                    with contextlib.suppress(*UNKNOWN_FIELD):
                         row.step, row.accuracy = self._progress(command["CommandId"], node)
             rows.append(row)
         return rows
@@ -430,20 +431,12 @@ class Jobs:
         return stopped
 
 
+#: Errors that leave a field of `jobs` at "-" (AWS cannot tell it; the listing goes on).
+UNKNOWN_FIELD = (ClientError, BotoCoreError, ClusterError, KeyError, ValueError)
+
+
 class Detached(Exception):
     """Ctrl-C while following: the job goes on; the message says how to find it again."""
-
-
-class _quietly:
-    """Leaves a field of `jobs` at "-" when AWS cannot tell it (the listing goes on)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
-        return kind is not None and issubclass(
-            kind, ClientError | BotoCoreError | ClusterError | KeyError | ValueError
-        )
 
 
 def rows_text(rows: list[JobRow]) -> Iterator[str]:
