@@ -6,9 +6,11 @@ expire: wait for a full set of bootstrapped nodes, run Preflight, run RunTrainin
 with the same job ID and the full host list, follow the invocations, and on a failure retry
 with resume (the same job ID) up to the job's limit; a leg that ended at its time limit
 (contract C4: every node Success or ResponseCode 75) continues without spending a retry, a job
-stopped with StopTraining is not retried, and a node whose preflight exits 3 (a Neuron hardware
-error) is marked unhealthy so the Auto Scaling group replaces it. The cluster's SNS topic hears
-of the start, each retry, each new leg, a stop, the failure and the finish.
+stopped with StopTraining is not retried, a node whose preflight exits 3 (a Neuron hardware
+error) is marked unhealthy so the Auto Scaling group replaces it, and a preflight that exits 4
+(the nodes run different software) ends the job without spending retries: only a roll helps.
+The cluster's SNS topic hears of the start, each retry, each new leg, a stop, the failure, a
+mixed fleet and the finish.
 
 Everything is Amazon States Language (JSONPath) with AWS SDK service integrations; no Lambda
 function is needed. The two things ASL has no function for are built from what it has: the
@@ -45,6 +47,9 @@ from stacks.nag import acknowledge
 SEND_BATCH = 50
 #: preflight.sh exits with this status on a Neuron hardware error: replace the node.
 REPLACE_NODE_STATUS = 3
+#: preflight.sh exits with this status when the nodes run different software (the node-software
+#: check): no retry can help, a roll of the fleet does, so the job ends at once.
+ROLL_FLEET_STATUS = 4
 #: launch.sh exits with this status when it ended a leg at its time limit (contract C4).
 LEG_TIME_LIMIT_STATUS = 75
 #: Command statuses after which nothing more happens (SSM API reference, Command.Status).
@@ -476,8 +481,27 @@ class JobSupervisor(Construct):
             failed,
         ).otherwise(count_retry)
 
+        mixed_fleet = self._notify(
+            "NotifyMixedFleet",
+            "cannot run",
+            "Job {} cannot run: its nodes run different software (preflight commands {}). "
+            "Roll the fleet with `cluster.py roll --wait`, then train again with the same job "
+            "ID to resume.",
+            job_id,
+            sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
+        ).next(
+            sfn.Fail(
+                self,
+                "NodesDiffer",
+                error="NodesRunDifferentSoftware",
+                cause="the nodes run different software: roll the fleet (cluster.py roll "
+                "--wait), then train again with the same job ID to resume",
+            )
+        )
         preflight_outcome = sfn.Choice(self, "PreflightPassed")
         preflight_outcome.when(
+            sfn.Condition.boolean_equals("$.Verdict.Roll", True), mixed_fleet
+        ).when(
             sfn.Condition.or_(
                 sfn.Condition.boolean_equals("$.Verdict.Bad", True),
                 sfn.Condition.boolean_equals("$.Verdict.Replaced", True),
@@ -579,8 +603,8 @@ class JobSupervisor(Construct):
     def _run(self, document: str, parameters: dict[str, Any], *, comment: str) -> _Run:
         """Sends `document` to every node (a SendCommand per batch of at most 50), follows each
         command to its end, and classifies every invocation: $.Verdict says whether any was
-        bad, any ended its leg (RunTraining) or any node was marked for replacement
-        (Preflight); $.Outcome lists the command IDs."""
+        bad, any ended its leg (RunTraining), any node was marked for replacement or any node
+        found the fleet mixed (Preflight); $.Outcome lists the command IDs."""
         config = self.config
         p = document
         send = self._sdk(
@@ -724,7 +748,10 @@ class JobSupervisor(Construct):
             )
             mark.add_catch(bad, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
             mark.next(sfn.Pass(self, f"{p}Replaced", result=sfn.Result.from_string("replaced")))
-            by_code.when(sfn.Condition.number_equals(code, REPLACE_NODE_STATUS), mark)
+            by_code.when(sfn.Condition.number_equals(code, REPLACE_NODE_STATUS), mark).when(
+                sfn.Condition.number_equals(code, ROLL_FLEET_STATUS),
+                sfn.Pass(self, f"{p}Roll", result=sfn.Result.from_string("roll")),
+            )
         by_code.otherwise(bad)
         each = sfn.Map(
             self,
@@ -768,6 +795,7 @@ class JobSupervisor(Construct):
                 "Bad.$": "States.ArrayContains($.Outcome.Classes, 'bad')",
                 "Leg.$": "States.ArrayContains($.Outcome.Classes, 'leg')",
                 "Replaced.$": "States.ArrayContains($.Outcome.Classes, 'replaced')",
+                "Roll.$": "States.ArrayContains($.Outcome.Classes, 'roll')",
             },
             result_path="$.Verdict",
         )

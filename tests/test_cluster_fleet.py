@@ -178,6 +178,72 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
     }  # fmt: skip
 
 
+def sns_event(event_id: int, message: str) -> dict[str, Any]:
+    """A history event of the workflow publishing `message` to the cluster's topic."""
+    import json
+
+    return {
+        "id": event_id, "type": "TaskScheduled", "timestamp": datetime(2026, 1, 1, tzinfo=UTC),
+        "taskScheduledEventDetails": {
+            "resourceType": "aws-sdk:sns", "resource": "publish", "region": "us-east-1",
+            "parameters": json.dumps({"TopicArn": "arn:aws:sns:us-east-1:1:t", "Message": message}),
+        },
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("error", "cause", "message"),
+    [
+        (
+            "JobFailed",
+            "the job's last attempt failed",
+            'job bert-1 failed: Job bert-1 failed after 2 retries (commands ["c3"]). Read the '
+            "output with `cluster.py logs --job-id bert-1`",
+        ),
+        (
+            "NodesRunDifferentSoftware",
+            "the nodes run different software: roll the fleet (cluster.py roll --wait), then "
+            "train again with the same job ID to resume",
+            "job bert-1 cannot run: the nodes run different software: roll the fleet "
+            "(cluster.py roll --wait), then train again with the same job ID to resume "
+            "(`cluster.py status` shows who runs what)",
+        ),
+    ],
+)
+def test_following_a_job_reads_the_history_once_more_after_its_end(
+    aws: FakeAws, error: str, cause: str, message: str
+) -> None:
+    """The execution ended between the follower's last history read and its DescribeExecution:
+    the events in between (the final notification) are read before the one line is written,
+    and each way the supervisor ends a job gets its own line."""
+    from botocore.stub import Stubber
+
+    from scripts.cluster_lib.jobs import Jobs
+
+    arn = "arn:aws:states:us-east-1:123456789012:execution:trainium-jobs:bert-1-x"
+    history = {"executionArn": arn, "reverseOrder": True, "maxResults": 100}
+    retry = sns_event(3, 'Job bert-1: attempt failed (commands ["c2"]); retry 2 of 2 ...')
+    sfn = Stubber(aws.clients.stepfunctions)
+    sfn.add_response("get_execution_history", {"events": [retry]}, history)
+    ended = {
+        "executionArn": arn, "stateMachineArn": arn.rsplit(":", 1)[0], "status": "FAILED",
+        "startDate": datetime(2026, 1, 1, tzinfo=UTC), "name": "bert-1-x", "error": error,
+        "cause": cause,
+    }  # fmt: skip
+    sfn.add_response("describe_execution", ended, {"executionArn": arn})
+    # NotifyFailure's message (stacks/supervisor.py); a mixed fleet ends without it.
+    failure = (
+        'Job bert-1 failed after 2 retries (commands ["c3"]). Read the output with '
+        "`cluster.py logs --job-id bert-1`."
+    )
+    final = [sns_event(5, failure)] if error == "JobFailed" else []
+    sfn.add_response("get_execution_history", {"events": [*final, retry]}, history)
+    with sfn, pytest.raises(ClusterError) as raised:
+        Jobs(aws.cluster()).follow(arn, "bert-1", stream=False)
+    sfn.assert_no_pending_responses()
+    assert str(raised.value) == message
+
+
 # -------------------------------------------------------------------------- export
 TASK = "task-0123456789abcdef0"
 FS = OUTPUTS["FileSystemId"]

@@ -25,6 +25,7 @@ import pytest
 
 from scripts.cluster_lib.documents import load
 from scripts.cluster_lib.ssm_agent import substitute
+from stacks.supervisor import ROLL_FLEET_STATUS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NODE = REPO_ROOT / "scripts" / "node"
@@ -682,7 +683,9 @@ def preflight_on_two_nodes(
 
 def test_preflight_fails_where_the_nodes_run_different_software(node: FakeNode) -> None:
     """The supervisor only sees exit codes: the nodes themselves must refuse a mixed fleet,
-    with a status that is not 3 (no node is to be replaced: the fleet is to be rolled)."""
+    with status 4, which the supervisor ends the job on (stacks/supervisor.py
+    ROLL_FLEET_STATUS): not 3 (no node is to be replaced: the fleet is to be rolled), not 1
+    (a retry on the same nodes would fail the same way)."""
     results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "0badc0ffee000001"))
     expected = (
         "FAIL node-software: the nodes run different software: node 0 (127.0.0.1) runs "
@@ -692,7 +695,7 @@ def test_preflight_fails_where_the_nodes_run_different_software(node: FakeNode) 
         "launch template (python scripts/cluster.py roll, see the README)"
     )
     for address, result in zip(("127.0.0.1", "127.0.0.2"), results, strict=True):
-        assert result.returncode == 1, result.stderr  # a failed check; 3 would replace the node
+        assert result.returncode == ROLL_FLEET_STATUS == 4, result.stderr
         lines = [m.group(2) for m in map(LOG_LINE.match, result.stderr.splitlines()) if m]
         verdicts = [line for line in lines if re.match(r"(PASS|FAIL) node-software: ", line)]
         assert verdicts == [expected], result.stderr

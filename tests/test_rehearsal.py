@@ -351,6 +351,52 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
 
 @pytest.mark.slow
 @pytest.mark.netns
+def test_a_fleet_that_runs_different_software_ends_the_job_at_once(
+    tmp_path: Path,
+    sample_data: Path,
+    operations: tuple[str, dict[str, Any]],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """One node booted with other node software (its node.env, as bootstrap writes it): every
+    node's preflight finds the fleet mixed and exits 4; the supervisor ends the job without
+    spending its retries or sending RunTraining, notifies, and `cluster.py train` (following in
+    the foreground) exits 1 with one line saying what to do."""
+    cluster_name, template = operations
+    job = "mixed"
+    args = train_args(sample_data, "--max-steps", "10")
+    from scripts.cluster_lib.local_supervisor import local_supervisor
+
+    with stand_in(tmp_path, cluster_name=cluster_name) as cloud, local_supervisor(cloud, template):
+        odd = cloud.running()[1]
+        node_env = odd.root / "upper" / "etc" / "trainium-cluster" / "node.env"
+        node_env.write_text(
+            node_env.read_text().replace(cloud.software_version, "0badc0ffee000001")
+        )
+        train = Cli(cloud, "train", "--job-id", job, "--max-retries", "2", "--retry-delay", "1",
+                    "--check-every", "1", "--", *args)  # fmt: skip
+        train.run()
+        captured = capfd.readouterr()
+        assert train.code == 1, captured.out + captured.err
+        (line,) = captured.err.splitlines()
+        assert line == (
+            f"error: job {job} cannot run: the nodes run different software: roll the fleet "
+            "(cluster.py roll --wait), then train again with the same job ID to resume "
+            "(`cluster.py status` shows who runs what)"
+        ), line
+        assert execution_status(cloud, job) == ["FAILED"]
+        (preflight,) = [c for c in cloud.commands.values() if c.document.endswith("Preflight")]
+        codes = [i.status()["code"] for i in preflight.invocations.values()]
+        assert codes == [4, 4], codes
+        assert not [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
+        assert cloud.health_reports == []  # no node is replaced: the fleet is rolled
+        subjects = [n["Subject"].split(f"job {job} ", 1)[-1] for n in cloud.notifications]
+        assert subjects == ["started", "cannot run"], subjects
+        assert preflight.command_id in cloud.notifications[-1]["Message"]
+        assert "cluster.py roll --wait" in cloud.notifications[-1]["Message"]
+
+
+@pytest.mark.slow
+@pytest.mark.netns
 def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
     tmp_path: Path, sample_data: Path
 ) -> None:

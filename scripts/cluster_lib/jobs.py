@@ -38,6 +38,7 @@ EXECUTION_STAMP = "%Y%m%d-%H%M%S"
 EXECUTION_NAME = re.compile(r"^(?P<job>.+)-[0-9]{8}-[0-9]{6}$")
 #: The failure names the state machine ends with (stacks/supervisor.py).
 REFUSED, FAILED, STOPPED = "JobAlreadyRunning", "JobFailed", "JobStopped"
+MIXED_FLEET = "NodesRunDifferentSoftware"
 #: What the trainer prints on rank 0 (workload/train.py progress lines).
 STEP_LINE = re.compile(r"\bstep (?P<step>[0-9]+)/(?P<total>[0-9]+) loss ")
 EVAL_LINE = re.compile(r"\beval at step (?P<step>[0-9]+): loss \S+ accuracy (?P<accuracy>[0-9.]+)")
@@ -252,30 +253,33 @@ class Jobs:
             f"the job goes on in AWS: `cluster.py jobs`, `cluster.py logs --job-id {job_id} "
             f"--follow`, `cluster.py stop --job-id {job_id}`"
         )
+
+        def read_history() -> None:
+            nonlocal seen, last_state, last_message, followers, training_since
+            after = seen
+            events = self.cluster.patiently(
+                "following the job", lambda: self.history(execution, after), hint=hint
+            )
+            for event in events or []:
+                seen = max(seen, event["id"])
+                entered = event.get("stateEnteredEventDetails")
+                if entered:
+                    state = entered["name"]
+                    if state in STATE_LINES and state != last_state:
+                        self.out(f"job {job_id}: {STATE_LINES[state]}")
+                    if state == "RunTrainingBatches":
+                        training_since = event["timestamp"]
+                        followers = []
+                    if state not in ("ReadGroup", "SelectHealthy", "CountNodes"):
+                        last_state = state
+                message = self._notification(event)
+                if message:
+                    last_message = message
+                    self.out(f"job {job_id}: {message}")
+
         try:
             while True:
-                after = seen
-                events = self.cluster.patiently(
-                    "following the job",
-                    lambda after=after: self.history(execution, after),  # type: ignore[misc]
-                    hint=hint,
-                )
-                for event in events or []:
-                    seen = max(seen, event["id"])
-                    entered = event.get("stateEnteredEventDetails")
-                    if entered:
-                        state = entered["name"]
-                        if state in STATE_LINES and state != last_state:
-                            self.out(f"job {job_id}: {STATE_LINES[state]}")
-                        if state == "RunTrainingBatches":
-                            training_since = event["timestamp"]
-                            followers = []
-                        if state not in ("ReadGroup", "SelectHealthy", "CountNodes"):
-                            last_state = state
-                    message = self._notification(event)
-                    if message:
-                        last_message = message
-                        self.out(f"job {job_id}: {message}")
+                read_history()
                 if stream and training_since is not None and not followers:
                     followers = self._rank0_followers(job_id, training_since)
                 for follower in followers:
@@ -286,6 +290,9 @@ class Jobs:
                     hint=hint,
                 )
                 if described and described["status"] != "RUNNING":
+                    # What happened between the last read and the end (the final
+                    # notification among it) is in the history by now.
+                    read_history()
                     for follower in followers:
                         follower.poll()
                     self._ended(described, job_id, last_message)
@@ -336,8 +343,15 @@ class Jobs:
             raise ClusterError(f"job {job_id} was refused: {cause}")
         if error == STOPPED or status == "ABORTED":
             raise ClusterError(f"job {job_id} was stopped (execution {name} {status.lower()})")
+        if error == MIXED_FLEET:
+            raise ClusterError(
+                f"job {job_id} cannot run: {cause} (`cluster.py status` shows who runs what)"
+            )
         if error == FAILED:
-            raise ClusterError(f"job {job_id} failed: {last_message or cause}; {logs}")
+            said = (last_message or cause).rstrip(".")
+            raise ClusterError(
+                f"job {job_id} failed: {said}" + ("" if "cluster.py logs" in said else f"; {logs}")
+            )
         raise ClusterError(
             f"the supervisor of job {job_id} ended {status}"
             + (f" ({error}: {cause})" if error or cause else "")

@@ -17,7 +17,9 @@
 # PASS/FAIL line per check and one `node-software:` line (the software version, launch
 # template version and AMI that bootstrap recorded); the collective check compares them
 # across nodes (PASS/FAIL node-software: nodes that differ must be rolled, `cluster.py roll`).
-# Exits 1 when any check fails, 3 when the node has a hardware fault and should be replaced.
+# Exits 1 when any check fails, 3 when the node has a hardware fault and should be replaced,
+# 4 when the nodes run different software (no retry helps: the fleet needs a roll; the job
+# supervisor ends the job on it). 3 wins over 4: a broken node is replaced either way.
 # --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
@@ -56,7 +58,7 @@ validate_port --port "$port"
 parse_hosts "$hosts_arg"
 find_node_rank "$node_address_arg"
 
-failures=() replace_node=0
+failures=() replace_node=0 mixed_fleet=0
 pass() { log "PASS $1: $2"; }
 fail() {
   log "FAIL $1: $2"
@@ -200,8 +202,8 @@ check_nccom() {
 # The collective check first all-gathers every node's software (the node-software triple,
 # passed in explicitly: node.env is exported only where cluster.env exists) and refuses a
 # mixed fleet with one `FAIL node-software:` line naming the nodes; the supervisor sees only
-# exit codes, so the nodes must decide. That failure exits 1 like the others (not 3: no node
-# needs replacing, the fleet needs a roll).
+# exit codes, so the nodes must decide. That failure exits 4 (not 3: no node needs replacing,
+# the fleet needs a roll; not 1: a retry on the same nodes would fail the same way).
 check_collective() {
   local output status=0 software
   if ! activate_python 2>/dev/null; then
@@ -222,6 +224,7 @@ check_collective() {
     FAIL*)
       # The check stopped before the all-reduce: no collective verdict to give.
       fail node-software "${software#FAIL node-software: }"
+      mixed_fleet=1
       return
       ;;
   esac
@@ -261,6 +264,10 @@ if ((${#failures[@]})); then
   if ((replace_node)); then
     log "replace this node: it reports a Neuron hardware error"
     exit 3
+  fi
+  if ((mixed_fleet)); then
+    log "roll the fleet: the nodes run different software (python scripts/cluster.py roll --wait)"
+    exit 4
   fi
   exit 1
 fi
