@@ -146,9 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-delay", type=float, default=60, help="seconds before a retry (default: 60)"
     )
     train.add_argument(
-        "--check-every", type=int, default=300,
-        help="seconds between the supervisor's checks of the nodes' commands (default: 300; "
-        "an execution keeps 25,000 history events, about 9 days of training at 300)",
+        "--check-every", type=int, default=None,
+        help="seconds between the supervisor's checks of the nodes' commands (default: 300, "
+        "or the minimum for the cluster's size, at which one 48-hour attempt fits in an "
+        "execution's 25,000 history events: 104 up to 50 nodes, 208 up to 100)",
     )  # fmt: skip
     train.add_argument(
         "--failure-grace", type=int, default=300,
@@ -300,7 +301,7 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
                 f"--retry-delay {args.retry_delay:g} is not allowed: use at most 31536000 "
                 "(a Step Functions Wait state waits at most a year)"
             )
-        if not 1 <= args.check_every <= 3600:
+        if args.check_every is not None and not 1 <= args.check_every <= 3600:
             raise UsageError(f"--check-every {args.check_every} is not allowed: use 1 to 3600")
         if not 0 <= args.failure_grace <= 86400:
             raise UsageError(f"--failure-grace {args.failure_grace} is not allowed: use 0 to 86400")
@@ -505,10 +506,11 @@ def cmd_train(cluster: Any, args: argparse.Namespace, train_args: list[str]) -> 
     if not args.job_id:
         out(f"job ID: {job_id} (train again with --job-id {job_id} to resume it)")
     jobs = Jobs(cluster)
+    poll = jobs.poll_seconds(args.check_every)
     execution = jobs.start(
         job_id, train_args, master_port=args.master_port, nproc_per_node=args.nproc_per_node,
         max_retries=args.max_retries, retry_delay=args.retry_delay,
-        options={"PollSeconds": args.check_every, "FailureGraceSeconds": args.failure_grace},
+        options={"PollSeconds": poll, "FailureGraceSeconds": args.failure_grace},
     )  # fmt: skip
     jobs.run(execution, job_id, detach=args.detach, stream=not args.quiet)
     return 0

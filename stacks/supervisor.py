@@ -1,16 +1,15 @@
-"""The job supervisor: one AWS Step Functions standard execution per training job.
+"""The job supervisor: AWS Step Functions standard executions that run each training job.
 
-It does on the AWS side what `Cluster.train` in scripts/cluster_lib/aws.py does on the
-operator's machine, so a job keeps its supervision when that machine sleeps or its credentials
-expire: wait for a full set of bootstrapped nodes, run Preflight, run RunTraining on every node
-with the same job ID and the full host list, follow the invocations, and on a failure retry
-with resume (the same job ID) up to the job's limit; a leg that ended at its time limit
-(contract C4: every node Success or ResponseCode 75) continues without spending a retry, a job
-stopped with StopTraining is not retried, a node whose preflight exits 3 (a Neuron hardware
-error) is marked unhealthy so the Auto Scaling group replaces it, and a preflight that exits 4
-(the nodes run different software) ends the job without spending retries: only a roll helps.
-The cluster's SNS topic hears of the start, each retry, each new leg, a stop, the failure, a
-mixed fleet and the finish.
+It supervises a job in AWS rather than on the operator's machine, so a job keeps its supervision
+when that machine sleeps or its credentials expire: wait for a full set of bootstrapped nodes,
+run Preflight, run RunTraining on every node with the same job ID and the full host list, follow
+the invocations, and on a failure retry with resume (the same job ID) up to the job's limit; a
+leg that ended at its time limit (contract C4: every node Success or ResponseCode 75) continues
+without spending a retry, a job stopped with StopTraining is not retried, a node whose preflight
+exits 3 (a Neuron hardware error) is marked unhealthy so the Auto Scaling group replaces it, and
+a preflight that exits 4 (the nodes run different software) ends the job without spending
+retries: only a roll helps. The cluster's SNS topic hears of the start, each retry, each new
+leg, a stop, the failure, a mixed fleet and the finish.
 
 Everything is Amazon States Language (JSONPath) with AWS SDK service integrations; no Lambda
 function is needed. The two things ASL has no function for are built from what it has: the
@@ -18,10 +17,12 @@ comma-separated host list (there is no States.ArrayJoin) is built by a short loo
 States.Format, and "every invocation ended Success or 75" is decided per invocation by a Choice
 inside a Map and then summed up with States.ArrayContains.
 
-History budget: a standard execution keeps at most 25,000 events (Step Functions quotas). One
-poll of a running command is a Wait, a Task and a Choice, about 9 events, so at the default
-300-second poll a 48-hour leg costs about 5,200 events, and one execution follows about 4.5 legs
-(9 days) of training. Longer jobs need a larger PollSeconds in the execution input.
+History budget: a standard execution keeps at most 25,000 events. So that a job of any length
+fits, an execution follows at most one attempt: at every new leg, every retry and after
+MAX_NODE_WAITS polls for nodes it starts a new execution of this state machine with the job's
+settings and counters (ContinuedFrom names the one before) and ends SUCCEEDED with ContinuedAs
+in its output; the CLI follows the chain. stacks/supervisor_limits.py holds the arithmetic (the
+CLI refuses a PollSeconds at which one attempt would not fit).
 """
 
 from __future__ import annotations
@@ -42,9 +43,8 @@ from constructs import Construct
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
 from stacks.log_groups import retention
 from stacks.nag import acknowledge
+from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, MAX_NODE_WAITS, SEND_BATCH
 
-#: SendCommand InstanceIds: "Array Members: Maximum number of 50 items" (SSM API reference).
-SEND_BATCH = 50
 #: preflight.sh exits with this status on a Neuron hardware error: replace the node.
 REPLACE_NODE_STATUS = 3
 #: preflight.sh exits with this status when the nodes run different software (the node-software
@@ -61,7 +61,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "NprocPerNode": "auto",
     "PreflightPort": "29600",
     "MaxRetries": 2,
-    "PollSeconds": 300,
+    "PollSeconds": DEFAULT_POLL_SECONDS,
     "RetryDelaySeconds": 60,
     # How long the other nodes may run on after one node's invocation ended before the rest of
     # the attempt is cancelled (a data-parallel job cannot go on without a rank).
@@ -218,21 +218,42 @@ class JobSupervisor(Construct):
     def _definition(self) -> sfn.IChainable:
         config = self.config
         job_id = sfn.JsonPath.string_at("$.Job.JobId")
+        # An execution that continues a job (see the module's docstring) gets the counters and
+        # ContinuedFrom in its input; a new job starts them afresh.
+        with_defaults = sfn.Pass(
+            self,
+            "Defaults",
+            parameters={
+                "Defaults": JOB_DEFAULTS,
+                "Fresh": {
+                    "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
+                    "ContinuedFrom": "",
+                },
+                "Input": sfn.JsonPath.object_at("$"),
+            },
+        )
         defaults = sfn.Pass(
             self,
             "ReadJob",
-            comment="The execution input over the defaults; counters start at zero.",
+            comment="The execution input over the defaults.",
             parameters={
                 "Job": sfn.JsonPath.json_merge(
                     sfn.JsonPath.object_at("$.Defaults"), sfn.JsonPath.object_at("$.Input")
                 ),
-                "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
+                "Carried": sfn.JsonPath.json_merge(
+                    sfn.JsonPath.object_at("$.Fresh"), sfn.JsonPath.object_at("$.Input")
+                ),
             },
         )
-        with_defaults = sfn.Pass(
+        counters = sfn.Pass(
             self,
-            "Defaults",
-            parameters={"Defaults": JOB_DEFAULTS, "Input": sfn.JsonPath.object_at("$")},
+            "ReadCounters",
+            parameters={
+                "Job": sfn.JsonPath.object_at("$.Job"),
+                "Counters": sfn.JsonPath.object_at("$.Carried.Counters"),
+                "ContinuedFrom": sfn.JsonPath.string_at("$.Carried.ContinuedFrom"),
+                "NodeWaits": {"Count": 0},
+            },
         )
         # One job at a time per cluster: refused rather than queued, because a queued job would
         # hold an execution (and its history) for as long as the running one trains, and the
@@ -368,9 +389,80 @@ class JobSupervisor(Construct):
         full_set.when(
             sfn.Condition.number_equals("$.Group.Count", config.node_count), addresses
         ).otherwise(wait_nodes)
-        wait_nodes.next(read_group)
+        count_wait = sfn.Pass(
+            self,
+            "CountNodeWait",
+            parameters={"Count.$": "States.MathAdd($.NodeWaits.Count, 1)"},
+            result_path="$.NodeWaits",
+        )
+        keep_waiting = sfn.Choice(self, "KeepWaiting")
+        wait_nodes.next(count_wait).next(keep_waiting)
         read_group.next(healthy).next(count).next(full_set)
         addresses.next(first_host).next(more_hosts)
+
+        # Handing the job over to a new execution (the history budget) ----------------------
+        hand_over = sfn.Pass(
+            self,
+            "HandOver",
+            comment="A new leg, a retry or a long wait for nodes: a new execution goes on.",
+            parameters={
+                "Time": sfn.JsonPath.string_at("$$.State.EnteredTime"),
+                "Carry": {
+                    "Counters": sfn.JsonPath.object_at("$.Counters"),
+                    "ContinuedFrom": sfn.JsonPath.string_at("$$.Execution.Id"),
+                },
+            },
+            result_path="$.Handover",
+        )
+        # The successor's name is the job ID and the UTC time, as the CLI names executions:
+        # 2026-11-23T10:00:00.123Z splits into 2026, 11, 23, 10, 00, 00, 123.
+        stamp = ", ".join(f"States.ArrayGetItem($.Handover.Parts, {i})" for i in range(6))
+        successor_name = sfn.Pass(
+            self,
+            "NameSuccessor",
+            parameters={
+                "Parts.$": "States.StringSplit($.Handover.Time, '-T:.Z')",
+                "Carry": sfn.JsonPath.object_at("$.Handover.Carry"),
+            },
+            result_path="$.Handover",
+        )
+        successor_input = sfn.Pass(
+            self,
+            "SuccessorInput",
+            parameters={
+                "Name.$": f"States.Format('{{}}-{{}}{{}}{{}}-{{}}{{}}{{}}', $.Job.JobId, {stamp})",
+                "Input.$": "States.JsonToString(States.JsonMerge($.Job, $.Handover.Carry, false))",
+            },
+            result_path="$.Handover",
+        )
+        start_successor = self._sdk(
+            "StartSuccessor",
+            "sfn",
+            "startExecution",
+            {
+                "StateMachineArn": sfn.JsonPath.string_at("$$.StateMachine.Id"),
+                "Name": sfn.JsonPath.string_at("$.Handover.Name"),
+                "Input": sfn.JsonPath.string_at("$.Handover.Input"),
+            },
+            [self.state_machine_arn],
+            iam_action="states:StartExecution",
+        )
+        handed_over = sfn.Pass(
+            self,
+            "HandedOver",
+            parameters={
+                "JobId": sfn.JsonPath.string_at("$.Job.JobId"),
+                "ContinuedAs": sfn.JsonPath.string_at("$.Handover.Name"),
+                "Counters": sfn.JsonPath.object_at("$.Counters"),
+            },
+        )
+        hand_over.next(successor_name).next(successor_input).next(start_successor).next(
+            handed_over
+        ).next(sfn.Succeed(self, "JobContinues"))
+        keep_waiting.when(
+            sfn.Condition.number_greater_than_equals("$.NodeWaits.Count", MAX_NODE_WAITS),
+            hand_over,
+        ).otherwise(read_group)
 
         # Preflight and training ------------------------------------------------------------
         preflight = self._run(
@@ -434,7 +526,7 @@ class JobSupervisor(Construct):
                 sfn.JsonPath.string_at("$.Counters.Legs"),
                 sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
             )
-        ).next(read_group)
+        ).next(hand_over)
         failed = self._notify(
             "NotifyFailure",
             "failed",
@@ -472,7 +564,7 @@ class JobSupervisor(Construct):
             sfn.Wait(
                 self, "WaitBeforeRetry", time=sfn.WaitTime.seconds_path("$.Job.RetryDelaySeconds")
             )
-        ).next(read_group)
+        ).next(hand_over)
         retry_left = sfn.Choice(self, "RetryLeft")
         retry_left.when(
             sfn.Condition.number_greater_than_equals_json_path(
@@ -593,12 +685,18 @@ class JobSupervisor(Construct):
         ).when(sfn.Condition.boolean_equals("$.Verdict.Leg", True), next_leg).otherwise(finished)
         training.end.next(training_outcome)
 
+        # The execution that handed a job over may still be running for a moment.
         one_job = sfn.Choice(self, "OneJobAtATime")
-        one_job.when(sfn.Condition.number_greater_than("$.Running.Count", 1), refuse).otherwise(
-            notify_start
-        )
+        fresh = sfn.Condition.string_equals("$.ContinuedFrom", "")
+        one_job.when(
+            sfn.Condition.or_(
+                sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
+                sfn.Condition.number_greater_than("$.Running.Count", 2),
+            ),
+            refuse,
+        ).when(fresh, notify_start).otherwise(read_group)
         notify_start.next(read_group)
-        return with_defaults.next(defaults).next(running).next(one_job)
+        return with_defaults.next(defaults).next(counters).next(running).next(one_job)
 
     def _run(self, document: str, parameters: dict[str, Any], *, comment: str) -> _Run:
         """Sends `document` to every node (a SendCommand per batch of at most 50), follows each

@@ -178,6 +178,35 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
     }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("nodes", "requested", "expected"),
+    [("2", None, 300), ("2", 104, 104), ("64", None, 300), ("500", None, 1037)],
+)
+def test_the_check_interval_fits_one_attempt_in_an_execution_history(
+    aws: FakeAws, nodes: str, requested: int | None, expected: int
+) -> None:
+    """A 48-hour attempt polled every PollSeconds by each batch of 50 nodes, 9 events a poll,
+    stays within the 15,000 events left for polling of the 25,000 a standard execution keeps
+    (Step Functions quotas): 104 s up to 50 nodes, 1037 s at 500."""
+    from scripts.cluster_lib.jobs import Jobs
+
+    aws.stack({**OUTPUTS, "NodeCount": nodes})
+    assert Jobs(aws.cluster()).poll_seconds(requested) == expected
+
+
+def test_a_check_interval_too_short_for_the_history_is_refused_in_one_line(aws: FakeAws) -> None:
+    from scripts.cluster_lib.jobs import Jobs
+
+    aws.stack({**OUTPUTS, "NodeCount": "64"})
+    with pytest.raises(ClusterError) as raised:
+        Jobs(aws.cluster()).poll_seconds(120)
+    assert str(raised.value) == (
+        "--check-every 120 is too short for 64 nodes: an attempt of up to 48 hours checked "
+        "that often would outgrow the 25,000 history events a supervisor execution keeps; use "
+        "at least 208"
+    )
+
+
 def sns_event(event_id: int, message: str) -> dict[str, Any]:
     """A history event of the workflow publishing `message` to the cluster's topic."""
     import json
@@ -242,6 +271,53 @@ def test_following_a_job_reads_the_history_once_more_after_its_end(
         Jobs(aws.cluster()).follow(arn, "bert-1", stream=False)
     sfn.assert_no_pending_responses()
     assert str(raised.value) == message
+
+
+def test_following_a_job_goes_on_in_the_execution_it_was_handed_over_to(aws: FakeAws) -> None:
+    """An execution that handed its job over (a new leg, a retry: the history budget) ends
+    SUCCEEDED with ContinuedAs in its output; the follower reads its last events, then follows
+    the successor from its first event until the job ends."""
+    import json
+
+    from botocore.stub import Stubber
+
+    from scripts.cluster_lib.jobs import Jobs
+
+    machine = "arn:aws:states:us-east-1:123456789012:stateMachine:trainium-jobs"
+    first = machine.replace(":stateMachine:", ":execution:") + ":bert-1-20261123-100000"
+    second = machine.replace(":stateMachine:", ":execution:") + ":bert-1-20261124-100000"
+    leg = "Job bert-1: leg 1 ended at its time limit and saved a checkpoint; the next leg ..."
+    done = "Job bert-1 finished on all 2 nodes after 0 retries and 2 legs."
+
+    def described(arn: str, status: str, output: dict[str, Any] | None = None) -> dict:
+        body = {
+            "executionArn": arn, "stateMachineArn": machine, "status": status,
+            "startDate": datetime(2026, 1, 1, tzinfo=UTC), "name": arn.rsplit(":", 1)[-1],
+        }  # fmt: skip
+        return {**body, "output": json.dumps(output)} if output else body
+
+    def history(arn: str) -> dict[str, Any]:
+        return {"executionArn": arn, "reverseOrder": True, "maxResults": 100}
+
+    sfn = Stubber(aws.clients.stepfunctions)
+    sfn.add_response("get_execution_history", {"events": []}, history(first))
+    handed = {"JobId": "bert-1", "ContinuedAs": second.rsplit(":", 1)[-1], "Counters": {}}
+    sfn.add_response(
+        "describe_execution", described(first, "SUCCEEDED", handed), {"executionArn": first}
+    )
+    sfn.add_response("get_execution_history", {"events": [sns_event(7, leg)]}, history(first))
+    sfn.add_response("get_execution_history", {"events": [sns_event(3, done)]}, history(second))
+    sfn.add_response("describe_execution", described(second, "SUCCEEDED"), {"executionArn": second})
+    sfn.add_response("get_execution_history", {"events": [sns_event(3, done)]}, history(second))
+    with sfn:
+        Jobs(aws.cluster()).follow(first, "bert-1", stream=False)
+    sfn.assert_no_pending_responses()
+    assert aws.lines == [
+        f"job bert-1: {leg}",
+        "job bert-1: continues in execution bert-1-20261124-100000",
+        f"job bert-1: {done}",
+        "job bert-1 finished (execution bert-1-20261124-100000)",
+    ]
 
 
 # -------------------------------------------------------------------------- export

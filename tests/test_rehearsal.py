@@ -195,6 +195,17 @@ def operations() -> tuple[str, dict[str, Any]]:
     return default.config.cluster_name, default.templates["operations"]
 
 
+@pytest.fixture
+def short_legs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --check-every 1` for the stand-in's jobs of a few minutes: the CLI allows a
+    poll that short only for legs of at most 10 minutes (stacks/supervisor_limits.py; moto's
+    interpreter has no history quota, AWS has), so the leg length it assumes is made 10
+    minutes here."""
+    from stacks import supervisor_limits
+
+    monkeypatch.setattr(supervisor_limits, "LEG_SECONDS", 600)
+
+
 def execution_status(cloud: Any, job: str) -> list[str]:
     """The statuses of the job's executions, newest first."""
     from scripts.cluster_lib.jobs import job_of
@@ -217,6 +228,7 @@ def wait_for(what: str, condition: Any, timeout: float, output: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.netns
+@pytest.mark.usefixtures("short_legs")
 def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
     tmp_path: Path,
     sample_data: Path,
@@ -259,8 +271,9 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         )
         (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
         cloud.cancel(command.command_id, cloud.running()[1].instance_id)
-        wait_for("the end", lambda: execution_status(cloud, job) != ["RUNNING"], 600, lambda: "")
-        assert execution_status(cloud, job) == ["SUCCEEDED"]
+        # The retry goes on in a new execution of the job (the supervisor's history budget).
+        wait_for("the end", lambda: "RUNNING" not in execution_status(cloud, job), 600, lambda: "")
+        assert execution_status(cloud, job) == ["SUCCEEDED", "SUCCEEDED"]
 
         legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
         assert [c.parameters["JobId"] for c in legs] == [[job], [job]]
@@ -273,15 +286,18 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         jobs.run()
         captured = capfd.readouterr()
         assert jobs.code == 0, captured.err
-        (row,) = [line for line in captured.out.splitlines() if line.startswith(job)]
+        (row, handed) = [line for line in captured.out.splitlines() if line.startswith(job)]
         fields = row.split()
         # job, status, date, time, duration, attempts, retries, legs, step, accuracy (step N)
         assert fields[1] == "SUCCEEDED" and fields[5:9] == ["2", "1", "1", "60/60"], row
         assert fields[10:] == ["(step", "60)"], row
+        # The first execution handed the job over at the retry.
+        assert handed.split()[1] == "CONTINUED" and handed.split()[5:8] == ["1", "1", "1"], handed
 
 
 @pytest.mark.slow
 @pytest.mark.netns
+@pytest.mark.usefixtures("short_legs")
 def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
     tmp_path: Path,
     sample_data: Path,
@@ -351,6 +367,7 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
 
 @pytest.mark.slow
 @pytest.mark.netns
+@pytest.mark.usefixtures("short_legs")
 def test_a_fleet_that_runs_different_software_ends_the_job_at_once(
     tmp_path: Path,
     sample_data: Path,

@@ -14,8 +14,10 @@ at its time limit and the next leg.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,10 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib.documents import join_train_args
+from scripts.cluster_lib.jobs import EXECUTION_NAME, continued_as
 from scripts.cluster_lib.local_supervisor import definition as machine_definition
 from scripts.cluster_lib.local_supervisor import local_supervisor
+from stacks.supervisor_limits import EVENTS_PER_POLL
 from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
 from tests.test_rehearsal import checkpoints, gone, job_metrics, sample_data, stand_in, train_args
 
@@ -43,6 +47,7 @@ SDK_ACTIONS = {
     "arn:aws:states:::aws-sdk:ec2:describeInstances": "ec2:DescribeInstances",
     "arn:aws:states:::aws-sdk:sns:publish": "sns:Publish",
     "arn:aws:states:::aws-sdk:sfn:listExecutions": "states:ListExecutions",
+    "arn:aws:states:::aws-sdk:sfn:startExecution": "states:StartExecution",
 }
 #: What Step Functions itself needs for execution logs and X-Ray tracing (CDK adds them).
 SERVICE_ACTIONS = {
@@ -139,8 +144,10 @@ def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synt
     )
     (topic,) = allowed["sns:Publish"]
     assert topic["resource"] == {"Ref": next(iter(resources(template, "AWS::SNS::Topic")))}
-    (executions,) = allowed["states:ListExecutions"]
-    assert json.dumps(executions["resource"]).endswith(f':stateMachine:{cluster}-jobs"]]}}')
+    # Listing and starting (the hand-over to a successor): this state machine only.
+    for action in ("states:ListExecutions", "states:StartExecution"):
+        (executions,) = allowed[action]
+        assert json.dumps(executions["resource"]).endswith(f':stateMachine:{cluster}-jobs"]]}}')
 
 
 def test_the_definition_sends_the_cluster_documents_with_the_job_parameters(
@@ -194,30 +201,59 @@ class Supervisor:
         status: str = self.client.describe_execution(executionArn=arn)["status"]
         return status
 
+    def successor(self, arn: str) -> str | None:
+        """The execution `arn` handed its job over to (stacks/supervisor.py), if any."""
+        name = continued_as(self.client.describe_execution(executionArn=arn))
+        return f"{arn.rsplit(':', 1)[0]}:{name}" if name else None
+
+    def chain(self, arn: str) -> list[str]:
+        """The execution and those it handed the job over to, in order."""
+        found = [arn]
+        while (successor := self.successor(found[-1])) is not None:
+            found.append(successor)
+        return found
+
     def wait(self, arn: str, timeout: float, until: Callable[[], bool] | None = None) -> str:
+        """The status of the last execution of the job's chain once it ended."""
         deadline = time.monotonic() + timeout
-        while (status := self.status(arn)) == "RUNNING":
-            if until is not None and until():
+        while True:
+            while (status := self.status(arn)) == "RUNNING":
+                if until is not None and until():
+                    return status
+                assert time.monotonic() < deadline, (
+                    f"still running after {timeout} s\n{self.trace(arn)}"
+                )
+                time.sleep(0.2)
+            successor = self.successor(arn)
+            if successor is None:
                 return status
-            assert time.monotonic() < deadline, (
-                f"still running after {timeout} s\n{self.trace(arn)}"
-            )
-            time.sleep(0.2)
-        return status
+            arn = successor
 
     def describe(self, arn: str) -> dict[str, Any]:
         described: dict[str, Any] = self.client.describe_execution(executionArn=arn)
         return described
 
+    def events(self, arn: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
+        while True:
+            page = self.client.get_execution_history(**kwargs)
+            events.extend(page["events"])
+            if "nextToken" not in page:
+                return events
+            kwargs["nextToken"] = page["nextToken"]
+
     def entered(self, arn: str) -> list[str]:
-        """The states the execution entered, in order."""
-        events = self.client.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        """The states the job's executions entered, in order."""
         return [
-            e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e
+            e["stateEnteredEventDetails"]["name"]
+            for execution in self.chain(arn)
+            for e in self.events(execution)
+            if "stateEnteredEventDetails" in e
         ]
 
     def trace(self, arn: str) -> str:
-        events = self.client.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        events = self.events(self.chain(arn)[-1])
         lines = []
         for event in events[-40:]:
             details = {k: v for k, v in event.items() if k.endswith("EventDetails")}
@@ -298,6 +334,19 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
         entered = supervisor.entered(execution)
         assert entered.count("PreflightBatches") == 2 and entered.count("RunTrainingBatches") == 2
         assert "RunTrainingCancelRest" in entered or "RunTrainingGraceStarts" in entered
+        # The retry went on in a new execution of the state machine (the history budget),
+        # named as the CLI names executions, with the job's settings and counters.
+        chain = supervisor.chain(execution)
+        assert len(chain) == 2, chain
+        handed = supervisor.describe(chain[0])
+        assert handed["status"] == "SUCCEEDED"
+        assert json.loads(handed["output"])["Counters"] == {"Retries": 1, "Legs": 1, "Attempts": 1}
+        match = EXECUTION_NAME.match(chain[1].rsplit(":", 1)[-1])
+        assert match and match["job"] == job, chain[1]
+        successor = json.loads(supervisor.describe(chain[1])["input"])
+        assert successor["ContinuedFrom"] == chain[0]
+        assert (successor["JobId"], successor["MaxRetries"]) == (job, 1)
+        assert successor["TrainArgs"] == join_train_args(args)
         assert gone(job), "a process of the job outlived it"
 
 
@@ -343,6 +392,17 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         ], subjects
         assert "after 0 retries and 2 legs" in cloud.notifications[-1]["Message"]
         assert gone(job), "a process of the job outlived it"
+        # One execution per leg; a poll of a running command costs EVENTS_PER_POLL events of
+        # its history (the arithmetic of stacks/supervisor_limits.py), counted here.
+        chain = supervisor.chain(execution)
+        assert len(chain) == 2, chain
+        polls = [
+            e["id"]
+            for e in supervisor.events(chain[0])
+            if e.get("stateEnteredEventDetails", {}).get("name") == "RunTrainingWait"
+        ]
+        gaps = Counter(b - a for a, b in itertools.pairwise(polls))
+        assert len(polls) > 20 and gaps.most_common(1)[0][0] == EVENTS_PER_POLL, gaps
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.aws import Cluster, Node, _LogFollower, aws_errors, error_code
 from scripts.cluster_lib.documents import join_train_args, load
+from stacks import supervisor_limits as limits
 
 #: The operations stack's output naming the state machine.
 JOB_STATE_MACHINE_OUTPUT = "JobStateMachineArn"
@@ -58,6 +59,18 @@ def job_of(name: str) -> str:
     """The job ID of an execution name (one started by hand may be the job ID itself)."""
     match = EXECUTION_NAME.match(name)
     return match.group("job") if match else name
+
+
+def continued_as(described: dict[str, Any]) -> str | None:
+    """The name of the execution a SUCCEEDED execution handed its job over to, if it did."""
+    if described.get("status") != "SUCCEEDED":
+        return None
+    try:
+        output = json.loads(described.get("output") or "{}")
+    except ValueError:
+        return None
+    successor = output.get("ContinuedAs") if isinstance(output, dict) else None
+    return str(successor) if successor else None
 
 
 def _duration(seconds: float) -> str:
@@ -150,6 +163,23 @@ class Jobs:
         return events[-newest:] if newest else events
 
     # ----------------------------------------------------------------- starting
+    def poll_seconds(self, requested: int | None) -> int:
+        """The supervisor's PollSeconds for this cluster: `requested`, unless one attempt
+        polled that often could outgrow an execution's history (stacks/supervisor_limits.py);
+        by default 300 seconds or that minimum, whichever is longer."""
+        nodes = self.cluster.outputs().node_count
+        minimum = limits.min_poll_seconds(nodes)
+        if requested is None:
+            return max(limits.DEFAULT_POLL_SECONDS, minimum)
+        if requested < minimum:
+            raise ClusterError(
+                f"--check-every {requested} is too short for {nodes} nodes: an attempt of up to "
+                f"{limits.LEG_SECONDS // 3600} hours checked that often would outgrow the "
+                f"{limits.HISTORY_EVENTS:,} history events a supervisor execution keeps; use "
+                f"at least {minimum}"
+            )
+        return requested
+
     def start(
         self,
         job_id: str,
@@ -256,9 +286,9 @@ class Jobs:
 
         def read_history() -> None:
             nonlocal seen, last_state, last_message, followers, training_since
-            after = seen
+            after, arn = seen, execution
             events = self.cluster.patiently(
-                "following the job", lambda: self.history(execution, after), hint=hint
+                "following the job", lambda: self.history(arn, after), hint=hint
             )
             for event in events or []:
                 seen = max(seen, event["id"])
@@ -286,13 +316,21 @@ class Jobs:
                     follower.poll()
                 described = self.cluster.patiently(
                     "following the job",
-                    lambda: self.sfn.describe_execution(executionArn=execution),
+                    lambda arn=execution: self.sfn.describe_execution(executionArn=arn),  # type: ignore[misc]
                     hint=hint,
                 )
                 if described and described["status"] != "RUNNING":
                     # What happened between the last read and the end (the final
                     # notification among it) is in the history by now.
                     read_history()
+                    successor = continued_as(described)
+                    if successor:
+                        # The supervisor handed the job over to a new execution (its history
+                        # budget, stacks/supervisor_limits.py): follow that one.
+                        execution = f"{execution.rsplit(':', 1)[0]}:{successor}"
+                        self.out(f"job {job_id}: continues in execution {successor}")
+                        seen = 0
+                        continue
                     for follower in followers:
                         follower.poll()
                     self._ended(described, job_id, last_message)
@@ -370,9 +408,16 @@ class Jobs:
         for execution in executions:
             started = execution["startDate"]
             ended = execution.get("stopDate") or now
+            status = execution["status"]
+            if status == "SUCCEEDED":
+                # An execution that handed its job over to a new one (the job goes on there).
+                with contextlib.suppress(*UNKNOWN_FIELD):
+                    arn = execution["executionArn"]
+                    if continued_as(self.sfn.describe_execution(executionArn=arn)):
+                        status = "CONTINUED"
             row = JobRow(
                 job_id=job_of(execution["name"]),
-                status=execution["status"],
+                status=status,
                 started=started,
                 duration=_duration((ended - started).total_seconds()),
                 execution=execution["name"],
