@@ -320,6 +320,45 @@ def test_following_a_job_goes_on_in_the_execution_it_was_handed_over_to(aws: Fak
     ]
 
 
+def test_stop_also_stops_the_successor_an_execution_started_while_being_stopped(
+    aws: FakeAws,
+) -> None:
+    """The execution was handing the job over (a new leg) when `stop` listed it: its successor
+    shows up in the next listing and is stopped too; an execution of another job is left."""
+    from botocore.stub import Stubber
+
+    from scripts.cluster_lib.jobs import HANDOVER_SECONDS, Jobs
+
+    machine = "arn:aws:states:us-east-1:123456789012:stateMachine:trainium-jobs"
+    aws.stack({**OUTPUTS, "JobStateMachineArn": machine})
+
+    def execution(name: str) -> dict[str, Any]:
+        return {
+            "executionArn": f"{machine.replace(':stateMachine:', ':execution:')}:{name}",
+            "stateMachineArn": machine, "name": name, "status": "RUNNING",
+            "startDate": datetime(2026, 1, 1, tzinfo=UTC),
+        }  # fmt: skip
+
+    old, successor = execution("bert-1-20261123-100000"), execution("bert-1-20261125-100000")
+    other = execution("other-20261123-090000")
+    listing = {"stateMachineArn": machine, "statusFilter": "RUNNING"}
+    sfn = Stubber(aws.clients.stepfunctions)
+    for running in ([old, other], [successor, old, other], [other]):
+        sfn.add_response("list_executions", {"executions": running}, listing)
+        for stopped in [e for e in running if e in (old, successor)][:1]:
+            sfn.add_response(
+                "stop_execution",
+                {"stopDate": datetime(2026, 1, 1, tzinfo=UTC)},
+                {"executionArn": stopped["executionArn"], "error": "StoppedByOperator",
+                 "cause": "cluster.py stop --job-id bert-1"},
+            )  # fmt: skip
+    with sfn:
+        names = Jobs(aws.cluster()).stop("bert-1")
+    sfn.assert_no_pending_responses()
+    assert names == [old["name"], successor["name"]]
+    assert aws.time.slept == [HANDOVER_SECONDS, HANDOVER_SECONDS]
+
+
 # -------------------------------------------------------------------------- export
 TASK = "task-0123456789abcdef0"
 FS = OUTPUTS["FileSystemId"]

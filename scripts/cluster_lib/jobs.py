@@ -40,6 +40,9 @@ EXECUTION_NAME = re.compile(r"^(?P<job>.+)-[0-9]{8}-[0-9]{6}$")
 #: The failure names the state machine ends with (stacks/supervisor.py).
 REFUSED, FAILED, STOPPED = "JobAlreadyRunning", "JobFailed", "JobStopped"
 MIXED_FLEET = "NodesRunDifferentSoftware"
+#: `stop` lists the job's running executions again after this many seconds (a successor that
+#: an execution started just before it was stopped), at most STOP_ROUNDS times.
+HANDOVER_SECONDS, STOP_ROUNDS = 2.0, 5
 #: What the trainer prints on rank 0 (workload/train.py progress lines).
 STEP_LINE = re.compile(r"\bstep (?P<step>[0-9]+)/(?P<total>[0-9]+) loss ")
 EVAL_LINE = re.compile(r"\beval at step (?P<step>[0-9]+): loss \S+ accuracy (?P<accuracy>[0-9.]+)")
@@ -472,21 +475,29 @@ class Jobs:
     # ----------------------------------------------------------------- stopping
     def stop(self, job_id: str) -> list[str]:
         """Stops the job's running executions (the supervisor neither retries nor starts
-        another leg); returns their names. The caller then ends the processes on the nodes."""
-        stopped = []
-        for execution in self.running(job_id):
-            with aws_errors("stopping the job's execution"):
-                try:
-                    self.sfn.stop_execution(
-                        executionArn=execution["executionArn"],
-                        error="StoppedByOperator",
-                        cause=f"cluster.py stop --job-id {job_id}",
-                    )
-                except ClientError as error:
-                    if error_code(error) != "ExecutionDoesNotExist":
-                        raise
-            self.out(f"job {job_id}: stopped execution {execution['name']} (no retry follows)")
-            stopped.append(execution["name"])
+        another leg); returns their names. The caller then ends the processes on the nodes.
+        An execution stopped in the middle of handing the job over (a new leg, a retry) may
+        just have started its successor: the executions are listed again, a moment later,
+        until none of the job's runs."""
+        stopped: list[str] = []
+        for _ in range(STOP_ROUNDS):
+            running = [e for e in self.running(job_id) if e["name"] not in stopped]
+            if not running:
+                break
+            for execution in running:
+                with aws_errors("stopping the job's execution"):
+                    try:
+                        self.sfn.stop_execution(
+                            executionArn=execution["executionArn"],
+                            error="StoppedByOperator",
+                            cause=f"cluster.py stop --job-id {job_id}",
+                        )
+                    except ClientError as error:
+                        if error_code(error) != "ExecutionDoesNotExist":
+                            raise
+                self.out(f"job {job_id}: stopped execution {execution['name']} (no retry follows)")
+                stopped.append(execution["name"])
+            self.cluster.sleep(HANDOVER_SECONDS)
         return stopped
 
 
