@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-every", type=int, default=None,
         help="seconds between the supervisor's checks of the nodes' commands (default: 300, "
         "or the minimum for the cluster's size, at which one 48-hour attempt fits in an "
-        "execution's 25,000 history events: 104 up to 50 nodes, 208 up to 100)",
+        "execution's 25,000 history events: 75 up to 50 nodes, 162 up to 100)",
     )  # fmt: skip
     train.add_argument(
         "--failure-grace", type=int, default=300,

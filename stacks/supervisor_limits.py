@@ -9,9 +9,9 @@ history. The supervisor therefore hands the job over to a new execution of itsel
 leg, every retry and after MAX_NODE_WAITS polls for nodes, so one execution follows at most one
 attempt. An attempt is a RunTraining command of at most LEG_SECONDS (the aws:runShellScript
 limit, RunTraining's ExecutionTimeout), polled once per PollSeconds by every batch of 50 nodes
-(one Map iteration each), and each poll writes EVENTS_PER_POLL events. What the poll loops may
-spend, POLL_EVENTS, leaves the rest for the states around them (per-invocation classification
-is about 8 events per node and document).
+(one Map iteration each), and each poll writes EVENTS_PER_POLL events. What the polls may
+spend is what is left after the states around them: the waits for nodes before the attempt,
+EVENTS_PER_NODE for each node and OTHER_EVENTS for the rest.
 """
 
 from __future__ import annotations
@@ -20,16 +20,22 @@ import math
 
 #: Step Functions quotas: maximum execution history size of a standard execution.
 HISTORY_EVENTS = 25_000
-#: The events the poll loops of one attempt may write; the rest of HISTORY_EVENTS is for the
-#: states around them (at 500 nodes, the classification of Preflight and RunTraining
-#: invocations is about 8,000 events).
-POLL_EVENTS = 15_000
+#: Per node and attempt: its address in the host list (a Pass and a Choice, 4 events) and the
+#: classification of its Preflight and RunTraining invocations (a Map iteration through Choice
+#: and Pass states, at most 10 events; 15 for a node marked unhealthy, whose iteration calls
+#: SetInstanceHealth). tests/test_supervisor.py counts RunTraining's in an execution's history.
+EVENTS_PER_NODE = 30
+#: Everything else one attempt writes: the start, reading the group and the addresses, the
+#: grace period, the stop check, notifications and the hand-over.
+OTHER_EVENTS = 1_000
 #: One poll: Wait (entered, exited), Task (entered, scheduled, started, succeeded, exited) and
 #: Choice (entered, exited). tests/test_supervisor.py counts them in an execution's history.
 EVENTS_PER_POLL = 9
-#: Polls for a full set of nodes after which the execution hands the job over (one such poll
-#: is a Wait, the ReadGroup Task and five Pass or Choice states: about 17 events).
-MAX_NODE_WAITS = 500
+#: One poll for a full set of nodes: Wait 2, the ReadGroup Task 5, five Pass or Choice states 2
+#: each (tests/test_supervisor.py adds them up along the definition's loop). After
+#: MAX_NODE_WAITS of them the execution hands the job over (at PollSeconds 300, 8 hours).
+EVENTS_PER_NODE_WAIT = 17
+MAX_NODE_WAITS = 100
 #: The longest a RunTraining command runs (its ExecutionTimeout: at most 172800 seconds, the
 #: aws:runShellScript limit).
 LEG_SECONDS = 172_800
@@ -43,8 +49,14 @@ def batches(node_count: int) -> int:
     return math.ceil(node_count / SEND_BATCH)
 
 
+def poll_events(node_count: int) -> int:
+    """The events one attempt's polls may write on `node_count` nodes."""
+    waits = MAX_NODE_WAITS * EVENTS_PER_NODE_WAIT
+    return HISTORY_EVENTS - OTHER_EVENTS - waits - EVENTS_PER_NODE * node_count
+
+
 def min_poll_seconds(node_count: int, leg_seconds: int | None = None) -> int:
     """The shortest PollSeconds at which one attempt of `leg_seconds` (LEG_SECONDS) on
-    `node_count` nodes stays within POLL_EVENTS."""
-    polls = POLL_EVENTS / (EVENTS_PER_POLL * batches(node_count))
+    `node_count` nodes stays within the history."""
+    polls = poll_events(node_count) / (EVENTS_PER_POLL * batches(node_count))
     return math.ceil((LEG_SECONDS if leg_seconds is None else leg_seconds) / polls)

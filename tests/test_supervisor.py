@@ -28,7 +28,12 @@ from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.jobs import EXECUTION_NAME, continued_as
 from scripts.cluster_lib.local_supervisor import definition as machine_definition
 from scripts.cluster_lib.local_supervisor import local_supervisor
-from stacks.supervisor_limits import EVENTS_PER_POLL
+from stacks.supervisor_limits import (
+    EVENTS_PER_NODE,
+    EVENTS_PER_NODE_WAIT,
+    EVENTS_PER_POLL,
+    MAX_NODE_WAITS,
+)
 from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
 from tests.test_rehearsal import checkpoints, gone, job_metrics, sample_data, stand_in, train_args
 
@@ -170,6 +175,44 @@ def test_the_definition_sends_the_cluster_documents_with_the_job_parameters(
     assert len(batches) == 2
     (ready,) = [s for n, s in states(definition) if n == "NodesReady"]
     assert ready["Parameters"]["Batches.$"] == "States.ArrayPartition($.Nodes.Ids, 50)"
+
+
+def loop_events(definition: dict[str, Any], start: str) -> int:
+    """The history events one round of the loop from `start` back to it writes, following
+    each state's Next (a Choice's Default): a Task state writes 5 (entered, scheduled,
+    started, succeeded, exited), any other 2 (entered, exited) (Step Functions, history event
+    types)."""
+    found = dict(states(definition))
+    name, total = start, 0
+    while True:
+        state = found[name]
+        total += 5 if state["Type"] == "Task" else 2
+        name = state.get("Next") or state["Default"]
+        if name == start:
+            return total
+
+
+def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) -> None:
+    """stacks/supervisor_limits.py's arithmetic, against the synthesized definition: a poll of
+    a running command and a poll for nodes cost what it says, and the node-wait loop hands the
+    job over after MAX_NODE_WAITS rounds."""
+    template = default.templates["operations"]
+    definition = machine_definition(template, placeholder_refs(template))
+    assert loop_events(definition, "RunTrainingWait") == EVENTS_PER_POLL
+    assert loop_events(definition, "PreflightWait") == EVENTS_PER_POLL
+    assert loop_events(definition, "WaitForNodes") == EVENTS_PER_NODE_WAIT
+    (keep,) = [s for n, s in states(definition) if n == "KeepWaiting"]
+    assert keep["Choices"] == [
+        {"Variable": "$.NodeWaits.Count", "NumericGreaterThanEquals": MAX_NODE_WAITS,
+         "Next": "HandOver"}
+    ]  # fmt: skip
+    # Every way to another attempt goes through the hand-over, none back to ReadGroup.
+    found = dict(states(definition))
+    assert found["NotifyLeg"]["Next"] == found["WaitBeforeRetry"]["Next"] == "HandOver"
+    into_group = sorted(
+        n for n, s in found.items() if "ReadGroup" in (s.get("Next"), s.get("Default"))
+    )
+    assert into_group == ["KeepWaiting", "NotifyStart", "OneJobAtATime"], into_group
 
 
 @pytest.mark.slow
@@ -403,6 +446,22 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         ]
         gaps = Counter(b - a for a, b in itertools.pairwise(polls))
         assert len(polls) > 20 and gaps.most_common(1)[0][0] == EVENTS_PER_POLL, gaps
+        # Classifying each node's RunTraining invocation: its share of EVENTS_PER_NODE.
+        events = supervisor.events(chain[0])
+        ids = {
+            (e["type"], e.get(f"{d}EventDetails", {}).get("name")): e["id"]
+            for e in events
+            for d in ("stateEntered", "stateExited")
+            if f"{d}EventDetails" in e
+        }
+        span = (
+            ids[("MapStateExited", "RunTrainingEachInvocation")]
+            - ids[("MapStateEntered", "RunTrainingEachInvocation")]
+        )
+        per_node = (span - 3) / len(legs[0].invocations)  # Map started/succeeded, exited
+        # Success: the iteration, Classify and Ok (6); 75: also Plugin, ByCode and Leg (10).
+        assert 6 <= per_node <= 10, (span, per_node)
+        assert EVENTS_PER_NODE >= 4 + 10 + 15  # host list, RunTraining, Preflight (unhealthy)
 
 
 @pytest.mark.slow
