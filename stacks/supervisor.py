@@ -376,14 +376,33 @@ class JobSupervisor(Construct):
                 "Ids": sfn.JsonPath.list_at("$.Nodes.Ids"),
                 "Hosts": sfn.JsonPath.string_at("$.Join.Hosts"),
                 "Batches.$": f"States.ArrayPartition($.Nodes.Ids, {SEND_BATCH})",
-                "Since": sfn.JsonPath.string_at("$$.State.EnteredTime"),
+                # ListCommands' InvokedAfter takes "2024-07-07T00:00:00Z" (SSM API reference,
+                # CommandFilter): the time without its milliseconds.
+                "Since.$": "States.Format('{}-{}-{}T{}:{}:{}Z', "
+                + ", ".join(f"States.ArrayGetItem($.Since.Parts, {i})" for i in range(6))
+                + ")",
             },
             result_path="$.Nodes",
         )
+        since = sfn.Pass(
+            self,
+            "NodesReadyAt",
+            parameters={"Time": sfn.JsonPath.string_at("$$.State.EnteredTime")},
+            result_path="$.Since",
+        )
+        since.next(
+            sfn.Pass(
+                self,
+                "SplitNodesReadyAt",
+                # 2026-11-23T10:00:00.123Z: 2026, 11, 23, 10, 00, 00, 123.
+                parameters={"Parts.$": "States.StringSplit($.Since.Time, '-T:.Z')"},
+                result_path="$.Since",
+            )
+        ).next(nodes_ready)
         more_hosts = sfn.Choice(self, "MoreHosts")
         more_hosts.when(
             sfn.Condition.number_less_than("$.Join.Index", config.node_count), add_host
-        ).otherwise(nodes_ready)
+        ).otherwise(since)
         add_host.next(more_hosts)
         full_set = sfn.Choice(self, "FullSet")
         full_set.when(

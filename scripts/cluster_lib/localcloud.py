@@ -726,7 +726,14 @@ class LocalCloud:
                 active = {"Pending", "InProgress", "Cancelling"}
                 views = [v for v in views if (v["Status"] in active) == (value == "Executing")]
             elif key in ("InvokedAfter", "InvokedBefore"):
-                moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+                # The form the SSM API reference (CommandFilter, value) gives:
+                # "2024-07-07T00:00:00Z"; anything else is refused here rather than guessed.
+                try:
+                    moment = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+                except ValueError:
+                    raise LocalError(
+                        "InvalidFilterValue", f"{key} {value!r} is not like 2024-07-07T00:00:00Z"
+                    ) from None
                 views = [
                     v for v in views
                     if (v["RequestedDateTime"] >= moment) == (key == "InvokedAfter")
