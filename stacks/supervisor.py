@@ -30,6 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
@@ -136,6 +138,7 @@ class JobSupervisor(Construct):
         machine.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         # The topic is encrypted with the operations key: publishing needs a data key.
         key.grant(self.role, "kms:Decrypt", "kms:GenerateDataKey*")
+        self._announce_ends()
         self._acknowledge()
 
     # ------------------------------------------------------------------ helpers
@@ -918,6 +921,48 @@ class JobSupervisor(Construct):
         )
         batches.next(verdict)
         return _Run(start=batches, end=verdict)
+
+    def _announce_ends(self) -> None:
+        """Every execution that ends FAILED, TIMED_OUT or ABORTED is announced on the topic by
+        EventBridge, outside the state machine: an execution that fails in a way its own
+        states cannot report (a runtime error, a permission it lacks, a quota) or that is
+        stopped from outside still reaches the operator. Jobs the workflow ends itself were
+        announced by it a moment before (failed, cannot run, stopped)."""
+        cluster = self.config.cluster_name
+        name, status = (
+            events.EventField.from_path("$.detail.name"),
+            events.EventField.from_path("$.detail.status"),
+        )
+        events.Rule(
+            self,
+            "ExecutionEndedRule",
+            description=f"{cluster}: a job supervisor execution that did not succeed",
+            # Step Functions Execution Status Change (EventBridge events reference, Step
+            # Functions events): detail.stateMachineArn, detail.status, detail.name.
+            event_pattern=events.EventPattern(
+                source=["aws.states"],
+                detail_type=["Step Functions Execution Status Change"],
+                detail={
+                    "stateMachineArn": [self.state_machine.state_machine_arn],
+                    "status": ["FAILED", "TIMED_OUT", "ABORTED"],
+                },
+            ),
+            targets=[
+                targets.SnsTopic(
+                    self.topic,
+                    message=events.RuleTargetInput.from_text(
+                        f"{cluster}: job supervisor execution {name} ended {status}. Unless a "
+                        "message of its own just said why, the supervisor itself stopped: read "
+                        "the execution's history in the Step Functions console; the job's "
+                        "processes may still run (`cluster.py jobs`, `cluster.py stop`), and "
+                        "`cluster.py train` with the same job ID resumes it."
+                    ),
+                )
+            ],
+        )
+        # EventBridge publishes to the encrypted topic only if the key lets it (SNS developer
+        # guide, encrypted topics and AWS service event sources): aws-cdk-lib's SnsTopic target
+        # adds that to the key policy and the topic policy (tests/test_supervisor.py).
 
     def _acknowledge(self) -> None:
         config = self.config

@@ -157,6 +157,47 @@ def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synt
         assert json.dumps(executions["resource"]).endswith(f':stateMachine:{cluster}-jobs"]]}}')
 
 
+def test_an_execution_that_does_not_succeed_is_announced_outside_the_workflow(
+    default: Synth,
+) -> None:
+    """A supervisor that fails where its own states cannot say so (a runtime error, a missing
+    permission) or is stopped from outside still reaches the topic: an EventBridge rule on
+    this state machine's Step Functions Execution Status Change events, allowed to use the
+    topic's key."""
+    template = default.templates["operations"]
+    (rule,) = resources(template, "AWS::Events::Rule").values()
+    pattern = rule["Properties"]["EventPattern"]
+    machine_id = next(iter(resources(template, "AWS::StepFunctions::StateMachine")))
+    assert pattern == {
+        "source": ["aws.states"],
+        "detail-type": ["Step Functions Execution Status Change"],
+        "detail": {
+            "stateMachineArn": [{"Ref": machine_id}],
+            "status": ["FAILED", "TIMED_OUT", "ABORTED"],
+        },
+    }
+    (target,) = rule["Properties"]["Targets"]
+    assert target["Arn"] == {"Ref": next(iter(resources(template, "AWS::SNS::Topic")))}
+    transformer = target["InputTransformer"]
+    assert transformer["InputPathsMap"] == {
+        "detail-name": "$.detail.name", "detail-status": "$.detail.status",
+    }  # fmt: skip
+    assert "execution <detail-name> ended <detail-status>" in transformer["InputTemplate"]
+    topic_key = only_resource(template, "AWS::SNS::Topic")["Properties"]["KmsMasterKeyId"]
+    key = template["Resources"][topic_key["Fn::GetAtt"][0]]
+    grants = [
+        set(s["Action"]) for s in key["Properties"]["KeyPolicy"]["Statement"]
+        if s.get("Principal") == {"Service": "events.amazonaws.com"} and s["Effect"] == "Allow"
+    ]  # fmt: skip
+    assert grants == [{"kms:Decrypt", "kms:GenerateDataKey*"}], grants
+    (topic_policy,) = resources(template, "AWS::SNS::TopicPolicy").values()
+    publishers = [
+        s["Principal"] for s in topic_policy["Properties"]["PolicyDocument"]["Statement"]
+        if s["Action"] == "sns:Publish" and s["Effect"] == "Allow"
+    ]  # fmt: skip
+    assert {"Service": "events.amazonaws.com"} in publishers
+
+
 def test_the_definition_sends_the_cluster_documents_with_the_job_parameters(
     default: Synth,
 ) -> None:
