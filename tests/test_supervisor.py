@@ -251,6 +251,25 @@ def test_the_definition_passes_the_states_language_service(default: Synth) -> No
     ), messages
 
 
+def test_a_failure_outranks_a_leg_end_and_a_mixed_fleet_outranks_both(default: Synth) -> None:
+    """An attempt where one node ended its leg (75) and another failed is a failure (retry
+    with resume), not a new leg: the Choices are read in order (States Language, Choice
+    Rules). A preflight where any node found the fleet mixed ends the job even if another
+    node was replaced."""
+    template = default.templates["operations"]
+    found = dict(states(machine_definition(template, placeholder_refs(template))))
+    outcome = found["TrainingOutcome"]
+    assert [(c["Variable"], c["Next"]) for c in outcome["Choices"]] == [
+        ("$.Verdict.Bad", "StopFilter"), ("$.Verdict.Leg", "CountLeg"),
+    ]  # fmt: skip
+    assert outcome["Default"] == "NotifyFinish"
+    passed = found["PreflightPassed"]
+    assert passed["Choices"][0] == {
+        "Variable": "$.Verdict.Roll", "BooleanEquals": True, "Next": "NotifyMixedFleet",
+    }  # fmt: skip
+    assert passed["Default"] == "RunTrainingBatches"
+
+
 def loop_events(definition: dict[str, Any], start: str) -> int:
     """The history events one round of the loop from `start` back to it writes, following
     each state's Next (a Choice's Default): a Task state writes 5 (entered, scheduled,
