@@ -359,6 +359,55 @@ def test_stop_also_stops_the_successor_an_execution_started_while_being_stopped(
     assert aws.time.slept == [HANDOVER_SECONDS, HANDOVER_SECONDS]
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+def test_jobs_puts_the_executions_of_a_handed_over_job_together(aws: FakeAws, limit: int) -> None:
+    """bert-1 ran in three executions (two hand-overs), with another job's in between: one
+    chain, newest first, then the other job; with --limit 1 the listing goes on past the
+    other job's execution until bert-1's chain is whole."""
+    import json
+
+    from botocore.stub import Stubber
+
+    from scripts.cluster_lib.jobs import Jobs
+
+    machine = "arn:aws:states:us-east-1:123456789012:stateMachine:trainium-jobs"
+    aws.stack({**OUTPUTS, "JobStateMachineArn": machine})
+    prefix = machine.replace(":stateMachine:", ":execution:")
+
+    def execution(name: str, status: str, after: str = "", to: str = "") -> dict[str, Any]:
+        listed = {
+            "executionArn": f"{prefix}:{name}", "stateMachineArn": machine, "name": name,
+            "status": status, "startDate": datetime(2026, 1, 1, tzinfo=UTC),
+        }  # fmt: skip
+        described = {**listed, "input": json.dumps({"JobId": "x", "ContinuedFrom": after})}
+        if to:
+            described["output"] = json.dumps({"ContinuedAs": to})
+        return {"listed": listed, "described": described}
+
+    a = execution("bert-1-20261120-100000", "SUCCEEDED", to="bert-1-20261121-100000")
+    b = execution("bert-1-20261121-100000", "SUCCEEDED", f"{prefix}:{a['listed']['name']}",
+                  to="bert-1-20261122-100000")  # fmt: skip
+    other = execution("other-20261121-120000", "FAILED")
+    c = execution("bert-1-20261122-100000", "RUNNING", f"{prefix}:{b['listed']['name']}")
+    newest_first = [c, other, b, a]
+    sfn = Stubber(aws.clients.stepfunctions)
+    sfn.add_response(
+        "list_executions",
+        {"executions": [e["listed"] for e in newest_first]},
+        {"stateMachineArn": machine},
+    )
+    for e in newest_first:
+        sfn.add_response(
+            "describe_execution", e["described"], {"executionArn": e["listed"]["executionArn"]}
+        )
+    with sfn:
+        chains = Jobs(aws.cluster()).chains(limit)
+    sfn.assert_no_pending_responses()
+    names = [[listed["name"] for listed, _ in chain] for chain in chains]
+    expected = [[c["listed"]["name"], b["listed"]["name"], a["listed"]["name"]]]
+    assert names == (expected if limit == 1 else [*expected, [other["listed"]["name"]]])
+
+
 # -------------------------------------------------------------------------- export
 TASK = "task-0123456789abcdef0"
 FS = OUTPUTS["FileSystemId"]

@@ -286,13 +286,12 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         jobs.run()
         captured = capfd.readouterr()
         assert jobs.code == 0, captured.err
-        (row, handed) = [line for line in captured.out.splitlines() if line.startswith(job)]
+        # One row for the job, though the retry ran in the execution the first handed it to.
+        (row,) = [line for line in captured.out.splitlines() if line.startswith(job)]
         fields = row.split()
         # job, status, date, time, duration, attempts, retries, legs, step, accuracy (step N)
         assert fields[1] == "SUCCEEDED" and fields[5:9] == ["2", "1", "1", "60/60"], row
         assert fields[10:] == ["(step", "60)"], row
-        # The first execution handed the job over at the retry.
-        assert handed.split()[1] == "CONTINUED" and handed.split()[5:8] == ["1", "1", "1"], handed
 
 
 @pytest.mark.slow

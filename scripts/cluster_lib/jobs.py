@@ -40,6 +40,8 @@ EXECUTION_NAME = re.compile(r"^(?P<job>.+)-[0-9]{8}-[0-9]{6}$")
 #: The failure names the state machine ends with (stacks/supervisor.py).
 REFUSED, FAILED, STOPPED = "JobAlreadyRunning", "JobFailed", "JobStopped"
 MIXED_FLEET = "NodesRunDifferentSoftware"
+#: `jobs` reads at most this many executions to put the newest jobs' chains together.
+MAX_LISTED = 1000
 #: `stop` lists the job's running executions again after this many seconds (a successor that
 #: an execution started just before it was stopped), at most STOP_ROUNDS times.
 HANDOVER_SECONDS, STOP_ROUNDS = 2.0, 5
@@ -62,6 +64,16 @@ def job_of(name: str) -> str:
     """The job ID of an execution name (one started by hand may be the job ID itself)."""
     match = EXECUTION_NAME.match(name)
     return match.group("job") if match else name
+
+
+def continued_from(described: dict[str, Any]) -> str | None:
+    """The ARN of the execution that handed its job over to this one, if one did."""
+    try:
+        carried = json.loads(described.get("input") or "{}")
+    except ValueError:
+        return None
+    predecessor = carried.get("ContinuedFrom") if isinstance(carried, dict) else None
+    return str(predecessor) if predecessor else None
 
 
 def continued_as(described: dict[str, Any]) -> str | None:
@@ -127,22 +139,15 @@ class Jobs:
         return arn
 
     # ------------------------------------------------------------------ reading
-    def executions(self, status: str | None = None, limit: int | None = None) -> list[dict]:
-        """The state machine's executions, newest first."""
-        found: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {"stateMachineArn": self.state_machine}
-        if status:
-            kwargs["statusFilter"] = status
-        with aws_errors("listing the cluster's jobs"):
-            for page in self.sfn.get_paginator("list_executions").paginate(**kwargs):
-                found.extend(page["executions"])
-                if limit is not None and len(found) >= limit:
-                    return found[:limit]
-        return found
-
     def running(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        running = self.executions("RUNNING")
-        return [e for e in running if job_id is None or job_of(e["name"]) == job_id]
+        """The state machine's running executions (of `job_id`), newest first."""
+        found: list[dict[str, Any]] = []
+        with aws_errors("listing the cluster's jobs"):
+            for page in self.sfn.get_paginator("list_executions").paginate(
+                stateMachineArn=self.state_machine, statusFilter="RUNNING"
+            ):
+                found.extend(page["executions"])
+        return [e for e in found if job_id is None or job_of(e["name"]) == job_id]
 
     def history(self, arn: str, after: int = 0, *, newest: int | None = None) -> list[dict]:
         """The execution's events with an ID above `after`, oldest first. They are asked for
@@ -400,33 +405,66 @@ class Jobs:
         )
 
     # ------------------------------------------------------------------ listing
+    def chains(self, limit: int = 10) -> list[list[tuple[dict[str, Any], dict[str, Any]]]]:
+        """The newest `limit` jobs, each the chain of executions that ran it, newest first
+        (an execution that handed its job over, ContinuedAs, joins the chain of the one it
+        started), as (listed, described) pairs. At most MAX_LISTED executions are read."""
+        chains: list[list[tuple[dict[str, Any], dict[str, Any]]]] = []
+        # The chain of an execution that continued another, by its name, until that other
+        # one is read.
+        waiting: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+        read = 0
+        with aws_errors("listing the cluster's jobs"):
+            pages = self.sfn.get_paginator("list_executions").paginate(
+                stateMachineArn=self.state_machine
+            )
+            for page in pages:
+                for execution in page["executions"]:
+                    if (len(chains) >= limit and not waiting) or read >= MAX_LISTED:
+                        return chains
+                    read += 1
+                    described: dict[str, Any] = {}
+                    with contextlib.suppress(*UNKNOWN_FIELD):
+                        arn = execution["executionArn"]
+                        described = self.sfn.describe_execution(executionArn=arn)
+                    successor = continued_as(described)
+                    chain = waiting.pop(successor, None) if successor else None
+                    if chain is None:
+                        if len(chains) >= limit:
+                            continue  # an older job's execution
+                        chain = []
+                        chains.append(chain)
+                    chain.append((execution, described))
+                    if continued_from(described):
+                        waiting[execution["name"]] = chain
+        return chains
+
     def rows(self, limit: int = 10) -> list[JobRow]:
         """The newest `limit` jobs with status, duration, attempts and the last step and
-        accuracy rank 0 reported (where its node and output are still there)."""
+        accuracy rank 0 reported (where its node and output are still there). A job that its
+        supervisor handed over from execution to execution is one row: the status and
+        counters of the newest execution, the time since the oldest one started."""
         now = datetime.now(UTC)
         rows: list[JobRow] = []
-        executions = self.executions(limit=limit)
-        latest = self.cluster.latest_commands_by_job() if executions else {}
-        nodes = {n.address: n for n in self.cluster.running_nodes()[0]} if executions else {}
-        for execution in executions:
-            started = execution["startDate"]
-            ended = execution.get("stopDate") or now
-            status = execution["status"]
-            if status == "SUCCEEDED":
-                # An execution that handed its job over to a new one (the job goes on there).
-                with contextlib.suppress(*UNKNOWN_FIELD):
-                    arn = execution["executionArn"]
-                    if continued_as(self.sfn.describe_execution(executionArn=arn)):
-                        status = "CONTINUED"
+        chains = self.chains(limit)
+        latest = self.cluster.latest_commands_by_job() if chains else {}
+        nodes = {n.address: n for n in self.cluster.running_nodes()[0]} if chains else {}
+        for chain in chains:
+            (newest, described), (oldest, _) = chain[0], chain[-1]
+            started = oldest["startDate"]
+            ended = newest.get("stopDate") or now
+            status = newest["status"]
+            if continued_as(described):
+                status = "CONTINUED"  # its successor is not listed (yet)
             row = JobRow(
-                job_id=job_of(execution["name"]),
+                job_id=job_of(newest["name"]),
                 status=status,
                 started=started,
                 duration=_duration((ended - started).total_seconds()),
-                execution=execution["name"],
+                execution=newest["name"],
             )
             with contextlib.suppress(*UNKNOWN_FIELD):
-                counters = self._counters(execution["executionArn"])
+                counters = self._counters(newest["executionArn"])
                 if counters:
                     row.attempts = str(counters.get("Attempts", "-"))
                     row.retries = str(counters.get("Retries", "-"))
