@@ -66,26 +66,26 @@ def job_of(name: str) -> str:
     return match.group("job") if match else name
 
 
-def continued_from(described: dict[str, Any]) -> str | None:
-    """The ARN of the execution that handed its job over to this one, if one did."""
+def _json_field(text: str | None, key: str) -> str | None:
+    """`key` of the JSON object `text` (an execution's input or output), if set."""
     try:
-        carried = json.loads(described.get("input") or "{}")
+        found = json.loads(text or "{}")
     except ValueError:
         return None
-    predecessor = carried.get("ContinuedFrom") if isinstance(carried, dict) else None
-    return str(predecessor) if predecessor else None
+    value = found.get(key) if isinstance(found, dict) else None
+    return str(value) if value else None
+
+
+def continued_from(described: dict[str, Any]) -> str | None:
+    """The ARN of the execution that handed its job over to this one, if one did."""
+    return _json_field(described.get("input"), "ContinuedFrom")
 
 
 def continued_as(described: dict[str, Any]) -> str | None:
     """The name of the execution a SUCCEEDED execution handed its job over to, if it did."""
     if described.get("status") != "SUCCEEDED":
         return None
-    try:
-        output = json.loads(described.get("output") or "{}")
-    except ValueError:
-        return None
-    successor = output.get("ContinuedAs") if isinstance(output, dict) else None
-    return str(successor) if successor else None
+    return _json_field(described.get("output"), "ContinuedAs")
 
 
 def _duration(seconds: float) -> str:
