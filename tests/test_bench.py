@@ -10,8 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
-from workload import bench
+from workload import bench, bench_rounds
+from workload.bench_device import dynamo_stats
+from workload.bench_paths import StepRunner
+from workload.bench_rounds import synthetic_batches, train_config, useful_tokens_per_sample
+from workload.bench_stats import kernel_kind
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS, ROUNDS, BATCH, SEQ, FILL = 3, 2, 4, 32, 0.5
@@ -150,7 +156,7 @@ def test_prints_the_comparison_and_writes_json_and_png(
 def test_bad_input_is_one_clear_line(
     capsys: pytest.CaptureFixture[str], args: str, message: str
 ) -> None:
-    if "cuda" in args and bench.torch.cuda.is_available():
+    if "cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     try:
         code = bench.main(args.split())
@@ -195,7 +201,7 @@ class _Backend:
     """Records the order of steps and waits (the calls StepRunner makes on a backend)."""
 
     kind = "cpu"
-    device = bench.torch.device("cpu")
+    device = torch.device("cpu")
 
     def __init__(self) -> None:
         self.events: list[str] = []
@@ -207,13 +213,13 @@ class _Backend:
 def test_a_timed_block_waits_for_the_device_only_at_its_edges() -> None:
     """The host queues step after step, as the trainer does (no wait per step)."""
     backend = _Backend()
-    model = bench.nn.Linear(2, 2)
-    runner = bench.StepRunner(
+    model = nn.Linear(2, 2)
+    runner = StepRunner(
         backend,  # type: ignore[arg-type]
         lambda batch: backend.events.append("step"),
-        [{"x": bench.torch.zeros(1)}],
+        [{"x": torch.zeros(1)}],
         model,
-        bench.torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.1),
     )
     seconds = runner.run(4, skip=2)
     assert seconds >= 0
@@ -224,19 +230,23 @@ _HF_BLOCK = """
 import json, sys
 from pathlib import Path
 from workload import bench
+from workload.backend import setup_backend
+from workload.bench_paths import HfTrainerRunner, hf_trainer_unavailable
+from workload.bench_rounds import _CORPUS, synthetic_batches, train_config
+from workload.model import build_model, train_tiny_tokenizer
 
 out = Path(sys.argv[1])
 args = bench.build_parser().parse_args(["--device", "cpu", "--batch-size", "2", "--seq-len", "16"])
-config = bench.train_config(args, "tiny", out)
-tokenizer = bench.train_tiny_tokenizer(bench._CORPUS, config.task, vocab_size=200)
-backend = bench.setup_backend("cpu", "fp32")
-reason = bench.hf_trainer_unavailable(backend)
+config = train_config(bench.bench_options(args), "tiny", out)
+tokenizer = train_tiny_tokenizer(_CORPUS, config.task, vocab_size=200)
+backend = setup_backend("cpu", "fp32")
+reason = hf_trainer_unavailable(backend)
 if reason:
     print(json.dumps({"skip": reason}))
     sys.exit(0)
-model = bench.build_model(config, tokenizer)
-batches = bench.synthetic_batches(config, int(model.config.vocab_size), 2, count=2)
-runner = bench.HfTrainerRunner(backend, model, config, batches, out / "hf")
+model = build_model(config, tokenizer)
+batches = synthetic_batches(config, int(model.config.vocab_size), 2, count=2)
+runner = HfTrainerRunner(backend, model, config, batches, out / "hf")
 waits = []
 backend.wait = lambda: waits.append(1)
 seconds = runner.run(3, skip=1)
@@ -269,8 +279,8 @@ def test_hf_trainer_block_waits_only_at_its_edges(tmp_path: Path) -> None:
 def test_synthetic_batches_pad_like_text(task: str, tmp_path: Path) -> None:
     args = bench.build_parser().parse_args(["--batch-size", "64", "--seq-len", "40"])
     args.task = task
-    config = bench.train_config(args, "tiny", tmp_path)
-    batches = bench.synthetic_batches(config, 500, 2, count=3, fill=0.25, pad_id=7)
+    config = train_config(bench.bench_options(args), "tiny", tmp_path)
+    batches = synthetic_batches(config, 500, 2, count=3, fill=0.25, pad_id=7)
     for batch in batches:
         mask = batch["attention_mask"]
         lengths = mask.sum(dim=1)
@@ -280,30 +290,29 @@ def test_synthetic_batches_pad_like_text(task: str, tmp_path: Path) -> None:
         if task == "causal-lm":
             assert (batch["labels"][mask == 0] == -100).all()
             assert (batch["labels"][mask == 1] == batch["input_ids"][mask == 1]).all()
-    masks = bench.torch.cat([b["attention_mask"] for b in batches])
-    useful = bench.useful_tokens_per_sample(batches)
+    masks = torch.cat([b["attention_mask"] for b in batches])
+    useful = useful_tokens_per_sample(batches)
     assert useful == pytest.approx(float(masks.sum()) / masks.shape[0])
     assert 10 < useful < 40
-    full = bench.synthetic_batches(config, 500, 2, count=1)
-    assert bench.useful_tokens_per_sample(full) == 40
+    full = synthetic_batches(config, 500, 2, count=1)
+    assert useful_tokens_per_sample(full) == 40
 
 
 def test_dynamo_counts_graphs_breaks_and_recompiles() -> None:
     """The counters are torch's own: a graph break and a recompilation really happen."""
-    torch = bench.torch
 
     def f(x: Any) -> Any:
         y = x * 2
         torch._dynamo.graph_break()
         return y + 1
 
-    before = bench.dynamo_stats()
+    before = dynamo_stats()
     compiled = torch.compile(f, backend="eager")
     compiled(torch.ones(3))
     compiled(torch.ones(3))  # same guards: nothing new
-    mid = bench.dynamo_stats()
+    mid = dynamo_stats()
     compiled(torch.ones(3, dtype=torch.float64))  # a dtype guard fails: recompile
-    after = bench.dynamo_stats()
+    after = dynamo_stats()
     assert mid["graphs"] - before["graphs"] == 2  # split in two by the break
     assert sum(mid["breaks"].values()) - sum(before["breaks"].values()) == 1
     assert len(after["recompiles"]) > len(mid["recompiles"])
@@ -332,16 +341,16 @@ def test_dynamo_counts_graphs_breaks_and_recompiles() -> None:
     ],
 )
 def test_kernel_kinds(name: str, kind: str) -> None:
-    assert bench.kernel_kind(name) == kind
+    assert kernel_kind(name) == kind
 
 
 def test_out_of_memory_is_one_clear_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     def oom(*_: Any, **__: Any) -> None:
-        raise bench.torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.20 GiB.\nmore")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.20 GiB.\nmore")
 
-    monkeypatch.setattr(bench, "measure", oom)
+    monkeypatch.setattr(bench_rounds, "measure", oom)
     args = "--device cpu --paths trainer --batch-size 48 --seq-len 16 --output"
     assert bench.main([*args.split(), str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

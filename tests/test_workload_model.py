@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from tests.workload_support import no_xla_side_effects, single_thread
-from workload import bench
 from workload.backend import Backend
+from workload.bench_device import dynamo_stats
 from workload.config import TrainConfig
 from workload.engine import TASKS, TrainStep, build_optimizer
 from workload.model import build_model, train_tiny_tokenizer
@@ -73,11 +73,11 @@ def test_the_compiled_forward_is_one_graph_that_never_recompiles(task: str) -> N
     optimizer = build_optimizer(model, 1e-3, 0.01)
     step = TrainStep(model, optimizer, None, CPU, compile=True)  # as on CUDA
     assert step.compiled
-    before = bench.dynamo_stats()
+    before = dynamo_stats()
     # Padded and unpadded batches, as real text gives them; a fresh model's first steps.
     for seed, padded in ((0, True), (1, False), (2, True), (3, False)):
         assert torch.isfinite(step(_batch(task, seed, padded=padded)))
-    after = bench.dynamo_stats()
+    after = dynamo_stats()
     breaks = {
         reason: count - before["breaks"].get(reason, 0)
         for reason, count in after["breaks"].items()
