@@ -1,0 +1,13 @@
+"""The cost model behind ``scripts/estimate_cost.py``, apart from its command line.
+
+- ``model``: work, candidates (an instance type at a price and a throughput), the estimate of
+  each, the comparison with the main one and the break-even throughput;
+- ``inputs``: what was measured: a training run's metrics.jsonl and a benchmark's bench.json;
+- ``render``: the estimate as a table for people, or as JSON.
+"""
+
+from __future__ import annotations
+
+
+class EstimateError(ValueError):
+    """Input that cannot be turned into an estimate; the message is one line for the user."""
