@@ -9,7 +9,9 @@ does. `cluster.py rehearse` offers the same to users.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ from scripts.cluster import main as cluster_main
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.localcloud import job_processes, local_cloud
 from scripts.cluster_lib.rehearsal import NetnsHosts, Rehearsal, RunningCommand
+from workload.stop import HOLD_VARIABLE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = re.compile(r"^step_(\d{8})$")
@@ -84,17 +87,13 @@ def events(rehearsal: Rehearsal, job_id: str, kind: str) -> list[dict[str, Any]]
 LISTEN = """
 import socket, sys
 server = socket.create_server((sys.argv[1], 5000))
+print("listening", flush=True)
 connection, (peer, _) = server.accept()
 connection.sendall(f"hello from {peer}".encode())
 """
 CONNECT = """
-import socket, sys, time
-for _ in range(100):
-    try:
-        print(socket.create_connection((sys.argv[1], 5000), timeout=5).recv(100).decode())
-        break
-    except ConnectionRefusedError:
-        time.sleep(0.1)
+import socket, sys
+print(socket.create_connection((sys.argv[1], 5000), timeout=30).recv(100).decode())
 """
 
 
@@ -121,6 +120,7 @@ def test_namespaces_are_created_and_removed() -> None:
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
+            assert server.stdout is not None and server.stdout.readline() == "listening\n"
             client = subprocess.run(
                 hosts.command(0, [sys.executable, "-c", CONNECT, hosts.addresses[2]]),
                 capture_output=True, text=True, timeout=30, check=False,
@@ -150,8 +150,9 @@ def stand_in(tmp_path: Path, **options: Any) -> Any:
         pytest.skip(str(error))
 
 
-def gone(job: str, timeout: float = 10) -> bool:
-    """No process of the job is left (the leg's watchdog polls every second)."""
+def gone(job: str, timeout: float = 60) -> bool:
+    """No process of the job is left (the leg's watchdog polls every second; the bound only
+    keeps a broken run from hanging)."""
     deadline = time.monotonic() + timeout
     while job_processes(job):
         if time.monotonic() > deadline:
@@ -170,6 +171,67 @@ def job_metrics(output: Path, job_id: str, kind: str) -> list[dict[str, Any]]:
             except ValueError:
                 continue
     return [r for r in records if r.get("event") == kind]
+
+
+#: Holds the trainers after step 5 until a stop is requested (workload/stop.py), so that a
+#: test cancels a node, refuses a second job or stops the job at a step it knows, however fast
+#: or slow this machine trains. Resumed runs start at step 5 and do not hold again.
+HOLD_AT_5 = {HOLD_VARIABLE: "5"}
+
+
+def held(output: Path, job: str, step: int, timeout: float, context: Any) -> None:
+    """Wait until the job's trainers hold after `step` (rank 0's `hold` line)."""
+    wait_for(
+        f"the trainers holding after step {step}",
+        lambda: job_metrics(output, job, "hold"),
+        timeout,
+        context,
+    )
+    assert [h["step"] for h in job_metrics(output, job, "hold")] == [step]
+
+
+def _proc(pid: int, name: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def launchers(job: str) -> list[int]:
+    """launch.sh of every node running the job: the parent of the node's torchrun (launch.sh
+    starts it as `"${command[@]}" &`)."""
+    found = []
+    for pid in job_processes(job):
+        argv = _proc(pid, "cmdline").split("\0")
+        if any(arg.rsplit("/", 1)[-1] == "torchrun" for arg in argv[:2]):
+            parent = re.search(r"^PPid:\s+(\d+)$", _proc(pid, "status"), re.M)
+            if parent is not None:
+                found.append(int(parent.group(1)))
+    return sorted(found)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler (a bash trap) for `signum` (SigCgt, proc(5))."""
+    caught = re.search(r"^SigCgt:\s+([0-9a-f]+)$", _proc(pid, "status"), re.M)
+    return caught is not None and bool(int(caught.group(1), 16) >> (signum - 1) & 1)
+
+
+def end_legs(job: str, nodes: int, timeout: float = 120) -> None:
+    """End the job's leg on every node the way its leg timer does at the time limit: the timer
+    is a subshell of launch.sh that runs `kill -USR1 $$`, and launch.sh's USR1 trap (end_leg)
+    asks the trainers to checkpoint and exit, then exits 75. The test sends that USR1 itself,
+    when it chooses, instead of waiting for a time limit that a fast machine outruns."""
+    ready: list[int] = []
+
+    def trapped() -> bool:
+        ready[:] = [p for p in launchers(job) if _catches(p, signal.SIGUSR1)]
+        return len(ready) == nodes
+
+    wait_for(f"launch.sh of job {job} on {nodes} nodes with its leg timer set", trapped,
+             timeout, lambda: launchers(job))  # fmt: skip
+    for pid in ready:
+        assert "launch.sh" in _proc(pid, "cmdline"), _proc(pid, "cmdline")
+        os.kill(pid, signal.SIGUSR1)
 
 
 class Cli(threading.Thread):
@@ -255,7 +317,10 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         if "started execution" in message:
             raise KeyboardInterrupt
 
-    with stand_in(tmp_path, cluster_name=cluster_name) as cloud, local_supervisor(cloud, template):
+    with (
+        stand_in(tmp_path, cluster_name=cluster_name, node_settings=HOLD_AT_5) as cloud,
+        local_supervisor(cloud, template),
+    ):
         monkeypatch.setattr(cli, "out", operator)
         train = Cli(cloud, "train", "--job-id", job, "--max-retries", "1", "--retry-delay", "1",
                     "--check-every", "1", "--failure-grace", "5", "--", *args)  # fmt: skip
@@ -266,9 +331,8 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         assert f"detached from job {job}; it goes on in AWS" in captured.out
         assert execution_status(cloud, job) == ["RUNNING"]
 
-        wait_for(
-            "a checkpoint", lambda: checkpoints(tmp_path / "jobs" / job), 400, capfd.readouterr
-        )
+        held(tmp_path, job, 5, 400, capfd.readouterr)
+        assert checkpoints(tmp_path / "jobs" / job) == [5]
         (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
         cloud.cancel(command.command_id, cloud.running()[1].instance_id)
         # The retry goes on in a new execution of the job (the supervisor's history budget).
@@ -278,7 +342,7 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
         assert [c.parameters["JobId"] for c in legs] == [[job], [job]]
         resumes = job_metrics(tmp_path, job, "resume")
-        assert resumes and 0 < resumes[-1]["step"] < 60
+        assert [r["step"] for r in resumes] == [5]
         assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 60
         assert gone(job), job_processes(job)
 
@@ -313,14 +377,18 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
     job = "stopme"
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "5",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
-    with stand_in(tmp_path, cluster_name=cluster_name) as cloud, local_supervisor(cloud, template):
+    from moto.stepfunctions.parser.utils import TMP_THREADS
+
+    earlier = set(TMP_THREADS)  # the interpreter's threads: executions, Map iterations
+    with (
+        stand_in(tmp_path, cluster_name=cluster_name, node_settings=HOLD_AT_5) as cloud,
+        local_supervisor(cloud, template),
+    ):
         train = Cli(cloud, "train", "--job-id", job, "--max-retries", "2", "--retry-delay", "1",
                     "--check-every", "1", "--detach", "--", *args)  # fmt: skip
         train.run()
         assert train.code == 0, capfd.readouterr()
-        wait_for(
-            "a checkpoint", lambda: checkpoints(tmp_path / "jobs" / job), 400, capfd.readouterr
-        )
+        held(tmp_path, job, 5, 400, capfd.readouterr)
 
         second = Cli(cloud, "train", "--job-id", "second", "--detach", "--", *args)
         second.run()
@@ -359,9 +427,19 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
         assert gone(job), job_processes(job)
         stops = [c for c in cloud.commands.values() if c.document.endswith("StopTraining")]
         assert [i.status()["status"] for i in stops[0].invocations.values()] == ["Success"] * 2
-        time.sleep(3)  # a supervisor that retried would send RunTraining again by now
+        # Whatever the stopped supervisor would still do, it has done once every thread of
+        # the interpreter has ended: it sent no RunTraining again (no retry).
+        wait_for(
+            "the interpreter's threads to end",
+            lambda: not [t for t in TMP_THREADS if t.is_alive() and t not in earlier],
+            120,
+            lambda: [t for t in TMP_THREADS if t.is_alive() and t not in earlier],
+        )
         legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
         assert len(legs) == 1
+        stopped = job_metrics(tmp_path, job, "summary")
+        assert [(s["step"], s["stopped_by_signal"]) for s in stopped] == [(5, True)], stopped
+        assert checkpoints(tmp_path / "jobs" / job) == [5]
 
 
 @pytest.mark.slow

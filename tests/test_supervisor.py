@@ -37,7 +37,17 @@ from stacks.supervisor_limits import (
     MAX_NODE_WAITS,
 )
 from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
-from tests.test_rehearsal import checkpoints, gone, job_metrics, sample_data, stand_in, train_args
+from tests.test_rehearsal import (
+    HOLD_AT_5,
+    checkpoints,
+    end_legs,
+    gone,
+    held,
+    job_metrics,
+    sample_data,
+    stand_in,
+    train_args,
+)
 
 __all__ = ["sample_data"]  # a fixture of test_rehearsal, shared here
 
@@ -410,6 +420,16 @@ def supervised(tmp_path: Path, default: Synth, **options: Any) -> Iterator[tuple
 FAST = {"PollSeconds": 1, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
 
 
+def poll_ids(supervisor: Supervisor, execution: str) -> list[int]:
+    """The history event IDs at which the execution entered RunTrainingWait (a poll of the
+    running command)."""
+    return [
+        e["id"]
+        for e in supervisor.events(execution)
+        if e.get("stateEnteredEventDetails", {}).get("name") == "RunTrainingWait"
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.netns
 def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
@@ -419,22 +439,20 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
     both nodes with one job ID; one node's command is cancelled the agent's way mid-run; the
     workflow cancels the rest after the grace, notifies, waits for the nodes, re-runs
     preflight and sends the same job ID again, which resumes from its last checkpoint and
-    finishes. A second job started meanwhile is refused, naming the running one."""
+    finishes. A second job started meanwhile is refused, naming the running one. The trainers
+    hold after step 5 (workload/stop.py) until the cancel, so the job resumes from step 5 on
+    any machine."""
     job = "supervised"
     args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
                       "--eval-every", "60", "--log-every", "5")  # fmt: skip
     cluster_name = default.config.cluster_name
-    with supervised(tmp_path, default) as (cloud, supervisor):
+    with supervised(tmp_path, default, node_settings=HOLD_AT_5) as (cloud, supervisor):
         execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=1, **FAST)
-        job_dir = tmp_path / "jobs" / job
-        deadline = time.monotonic() + 400
-        while not checkpoints(job_dir):
-            assert time.monotonic() < deadline, supervisor.trace(execution)
-            assert supervisor.status(execution) == "RUNNING", supervisor.trace(execution)
-            time.sleep(0.2)
+        held(tmp_path, job, 5, 400, lambda: supervisor.trace(execution))
+        assert checkpoints(tmp_path / "jobs" / job) == [5]
 
         second = supervisor.start("second", TrainArgs=join_train_args(args), **FAST)
-        assert supervisor.wait(second, 60) == "FAILED"
+        assert supervisor.wait(second, 300) == "FAILED"
         refusal = supervisor.describe(second)
         assert refusal["error"] == "JobAlreadyRunning"
         assert f'"{job}"' in refusal["cause"], refusal["cause"]
@@ -457,7 +475,7 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
         assert len(preflights) == 2
         assert all(i.status()["status"] == "Success" for i in preflights[1].invocations.values())
         resumes = job_metrics(tmp_path, job, "resume")
-        assert resumes and 0 < resumes[-1]["step"] < 60
+        assert [r["step"] for r in resumes] == [5]
         assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 60
         subjects = [n["Subject"] for n in cloud.notifications]
         assert subjects == [
@@ -491,22 +509,25 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
 def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
     tmp_path: Path, sample_data: Path, default: Synth
 ) -> None:
-    """RunTraining's ExecutionTimeout made short for the first leg: launch.sh ends the leg, the
-    trainers save and the nodes report ResponseCode 75; the workflow, with no retry to spend,
-    starts the next leg, which resumes and finishes."""
+    """The first leg ends the way its time limit ends it: launch.sh's USR1 (what its leg timer
+    sends), the trainers save and the nodes report ResponseCode 75; the workflow, with no
+    retry to spend, starts the next leg, which resumes and finishes. The trainers hold after
+    step 60 (workload/stop.py) until the leg's SIGTERM, and the test ends the leg once the
+    workflow has polled the running command often enough to count its history events: the
+    leg ends at step 60 on any machine, and its checkpoint is the stop's own save."""
     job = "legs"
-    args = train_args(sample_data, "--max-steps", "700", "--checkpoint-every", "100",
-                      "--eval-every", "700", "--log-every", "10")  # fmt: skip
-    defaults = {"RunTraining": {"ExecutionTimeout": "60", "StopGraceSeconds": "30"}}
+    args = train_args(sample_data, "--max-steps", "200", "--checkpoint-every", "50",
+                      "--eval-every", "200", "--log-every", "10")  # fmt: skip
     cluster_name = default.config.cluster_name
-    with supervised(tmp_path, default, document_defaults=defaults) as (cloud, supervisor):
+    hold = {"TRAINIUM_HOLD_AFTER_STEP": "60"}
+    with supervised(tmp_path, default, node_settings=hold) as (cloud, supervisor):
         execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=0, **FAST)
+        held(tmp_path, job, 60, 400, lambda: supervisor.trace(execution))
         deadline = time.monotonic() + 300
-        while not any(c.document.endswith("RunTraining") for c in cloud.commands.values()):
+        while len(poll_ids(supervisor, execution)) <= 20:
             assert time.monotonic() < deadline, supervisor.trace(execution)
-            assert supervisor.status(execution) == "RUNNING", supervisor.trace(execution)
             time.sleep(0.2)
-        cloud.document_defaults = {}  # later legs get the document's defaults
+        end_legs(job, nodes=2)
         status = supervisor.wait(execution, 900)
         assert status == "SUCCEEDED", supervisor.trace(execution)
         legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
@@ -514,12 +535,12 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         first = {
             (s["status"], s["code"]) for s in (i.status() for i in legs[0].invocations.values())
         }
-        assert first <= {("Failed", 75), ("Success", 0)} and ("Failed", 75) in first
+        assert first == {("Failed", 75)}
         stopped = [s for s in job_metrics(tmp_path, job, "summary") if s.get("stopped_by_signal")]
-        assert stopped and 0 < stopped[0]["step"] < 700
+        assert [s["step"] for s in stopped] == [60]
         resumes = job_metrics(tmp_path, job, "resume")
-        assert resumes and resumes[0]["step"] == stopped[0]["step"]
-        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 700
+        assert [r["step"] for r in resumes] == [60]
+        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 200
         subjects = [n["Subject"] for n in cloud.notifications]
         assert subjects == [
             f"{cluster_name}: job {job} started",
@@ -532,11 +553,7 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         # its history (the arithmetic of stacks/supervisor_limits.py), counted here.
         chain = supervisor.chain(execution)
         assert len(chain) == 2, chain
-        polls = [
-            e["id"]
-            for e in supervisor.events(chain[0])
-            if e.get("stateEnteredEventDetails", {}).get("name") == "RunTrainingWait"
-        ]
+        polls = poll_ids(supervisor, chain[0])
         gaps = Counter(b - a for a, b in itertools.pairwise(polls))
         assert len(polls) > 20 and gaps.most_common(1)[0][0] == EVENTS_PER_POLL, gaps
         # Classifying each node's RunTraining invocation: its share of EVENTS_PER_NODE.

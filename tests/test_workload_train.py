@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,8 @@ from tests.workload_support import (
 )
 from workload.backend import setup_backend
 from workload.checkpoint import list_checkpoints, load_trainer_state
-from workload.config import parse_config
+from workload.config import ConfigError, parse_config
+from workload.stop import HOLD_VARIABLE, hold_after_step
 from workload.train import train
 
 STEPS = 200  # 4 epochs of 1600 examples at 2 x 16
@@ -319,6 +321,46 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["step"] for r in events(output, "resume")] == [step]
     assert summary(output)["step"] == step + 2
+
+
+# -- the hold of rehearsals: training waits at a known step until a stop is requested --------
+
+
+@pytest.mark.slow
+def test_a_held_job_waits_after_its_step_and_a_stop_then_runs_as_always(
+    small_data: Path, tmp_path: Path
+) -> None:
+    """TRAINIUM_HOLD_AFTER_STEP=5 (workload/stop.py): both ranks wait after step 5; SIGTERM to
+    one of them ends the wait on both, and the stop runs as it does without a hold: at the
+    next log step the ranks agree on (6), with its checkpoint, exit 0. A job that did not
+    hold would stop at whatever step the signal met."""
+    output = tmp_path / "job"
+    job = ["--data", str(small_data), "--output", str(output), *SMALL, "--checkpoint-every", "4"]
+    process = start_train([*job, "--max-steps", "100000"], nproc=2, extra_env={HOLD_VARIABLE: "5"})
+    held = wait_for_event(output, "hold", process)
+    assert held["step"] == 5
+    # Held, nothing moves however long the test takes: 2 s are dozens of this job's steps.
+    time.sleep(2)
+    assert [line["step"] for line in events(output, "train")] == [2, 4]
+    workers = worker_pids(process.pid)
+    os.kill(workers[1], signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert _stopped_at(output) == 6
+    assert [line["step"] for line in events(output, "train")] == [2, 4, 6]
+    assert [c for c, _ in list_checkpoints(output)] == [4, 6]
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3", "2.5", "٣"])
+def test_a_hold_step_that_is_not_a_step_is_refused_in_one_line(value: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        hold_after_step({HOLD_VARIABLE: value})
+    assert str(refused.value) == (
+        f"{HOLD_VARIABLE} {value!r} is not a step: use a whole number of at least 1, or leave "
+        "it unset (it holds the trainers after that step for rehearsals of faults)"
+    )
+    assert hold_after_step({HOLD_VARIABLE: "12"}) == 12
+    assert hold_after_step({}) is None
 
 
 # -- resume: reading the trainer state, seeding the Neuron runtime ---------------------------

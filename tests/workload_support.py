@@ -90,12 +90,18 @@ def run_train(
     )
 
 
-def start_train(args: Sequence[str], *, nproc: int = 0, xla: bool = False) -> subprocess.Popen[str]:
+def start_train(
+    args: Sequence[str],
+    *,
+    nproc: int = 0,
+    xla: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
     """Start train.py in the background (output to pipes read at the end)."""
     return subprocess.Popen(
         train_command(args, nproc=nproc),
         cwd=str(REPO),
-        env=job_env(xla=xla),
+        env={**job_env(xla=xla), **(extra_env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,6 +78,7 @@ from workload.model import (
     save_tokenizer,
     train_tiny_tokenizer,
 )
+from workload.stop import HOLD_POLL_SECONDS, HOLD_VARIABLE, StopRequest, hold_after_step
 
 log = logging.getLogger("workload.train")
 
@@ -91,39 +90,6 @@ WARMUP_STEPS = 3
 USER_ERRORS = (ConfigError, DataError, ModelError, CheckpointError, BackendError)
 
 T = TypeVar("T")
-
-
-class StopRequest:
-    """Records SIGTERM while it is in force; the training loop acts on it.
-
-    SIGTERM comes from the launcher ending a leg before its time limit, from the instance
-    shutting down (systemd sends it to every process) and from the end of a Capacity
-    Block. The handler only sets a flag: the loop then stops at the next step that all
-    ranks agree on (see ``Run._stop_agreed``), saves a resumable checkpoint and returns
-    its summary with ``stopped_by_signal``, so the process exits 0.
-    """
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous: Any = None
-
-    def __enter__(self) -> StopRequest:
-        # Signal handlers can only be set from the main thread (a test may train elsewhere).
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.signal = signum
-
-    @property
-    def requested(self) -> bool:
-        return self.signal is not None
 
 
 class SharedError(RuntimeError):
@@ -213,6 +179,7 @@ class Run:
         self.graphs_only = graphs_only()
         self.stop = StopRequest()
         self.stopped_by_signal = False
+        self.hold_after_step = hold_after_step(os.environ)
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -433,6 +400,8 @@ class Run:
                             self._evaluate()
                     if config.checkpoint_every and self.step % config.checkpoint_every == 0:
                         self._save()
+                    if self.step == self.hold_after_step:
+                        self._hold()
                     if self.step % config.log_every == 0 and self._stop_agreed():
                         self.stopped_by_signal = True
                         break
@@ -455,6 +424,13 @@ class Run:
         agreement adds no wait to the steps in between and every rank stops after the
         same step. A signal is acted on within ``--log-every`` steps."""
         return self.backend.any_rank(self.stop.requested)
+
+    def _hold(self) -> None:
+        """Wait after this step until a stop is requested on any rank (workload/stop.py)."""
+        self.metrics.write("hold", step=self.step)
+        log.info("holding after step %d until a stop is requested (%s)", self.step, HOLD_VARIABLE)
+        while not self._stop_agreed():
+            time.sleep(HOLD_POLL_SECONDS)
 
     def _mark(self) -> None:
         self.mark_time = time.perf_counter()

@@ -195,7 +195,7 @@ class LocalCloud:
         *,
         cluster_name: str = "rehearsal",
         cores_per_node: int = 1,
-        document_defaults: dict[str, dict[str, str]] | None = None,
+        node_settings: dict[str, str] | None = None,
         python: str = sys.executable,
     ) -> None:
         self.hosts = hosts
@@ -206,7 +206,9 @@ class LocalCloud:
         self.jobs = self.output / "jobs"
         self.jobs.mkdir(parents=True, exist_ok=True)
         self.documents: dict[str, Document] = {}
-        self.document_defaults = document_defaults or {}
+        #: Lines every node's cluster.env gets after the rehearsal's own (launch.sh exports
+        #: them to the job), e.g. TRAINIUM_HOLD_AFTER_STEP (workload/stop.py).
+        self.node_settings = node_settings or {}
         for name in DOCUMENT_NAMES:
             self.documents[f"{cluster_name}-{name}"] = load(name)
         self.commands: dict[str, Command] = {}
@@ -317,6 +319,7 @@ class LocalCloud:
             "OMP_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1",
+            **self.node_settings,
         }
         install("/etc", "trainium-cluster/cluster.env",
                 "".join(f"{k}={v}\n" for k, v in settings.items()), 0o644)  # fmt: skip
@@ -595,12 +598,9 @@ class LocalCloud:
         if unknown:
             raise LocalError("InvalidParameters", f"unknown parameters {sorted(unknown)}")
         values: dict[str, str] = {}
-        overrides = self.document_defaults.get(document.name, {})
         for name, parameter in document.parameters.items():
             if name in given:
                 values[name] = given[name][0] if given[name] else ""
-            elif name in overrides:
-                values[name] = overrides[name]
             elif parameter.default is not None:
                 values[name] = parameter.default
             else:

@@ -1,0 +1,75 @@
+"""How a running job is asked to stop, or to wait: SIGTERM and the hold of rehearsals.
+
+``StopRequest`` records SIGTERM; the training loop stops at the next step every rank agrees
+on, saves and exits 0 (``workload/train.py``, ``Run._stop_agreed``).
+
+``TRAINIUM_HOLD_AFTER_STEP=N`` is for rehearsals and tests of faults: after step N (its
+checkpoint saved, if N is a checkpoint step) the trainers wait, doing nothing but asking each
+other every ``HOLD_POLL_SECONDS`` whether a stop was requested. They go on when one was (on
+any rank: the stop then runs as it always does, at the next agreed step, with its
+checkpoint) and otherwise wait until they are killed. Rank 0 writes a ``hold`` line to
+``metrics.jsonl`` when the wait begins. A test can then cancel a node, stop the job or end
+its leg at a step it knows, instead of racing the training against its own timing. A run
+that resumes at step N does not hold again (it holds only after training step N itself).
+Unset (the default), nothing waits.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from workload.config import ConfigError
+
+HOLD_VARIABLE = "TRAINIUM_HOLD_AFTER_STEP"
+
+#: How often held ranks ask each other whether a stop was requested (one all-reduce each).
+HOLD_POLL_SECONDS = 0.2
+
+
+class StopRequest:
+    """Records SIGTERM while it is in force; the training loop acts on it.
+
+    SIGTERM comes from the launcher ending a leg before its time limit, from the instance
+    shutting down (systemd sends it to every process) and from the end of a Capacity
+    Block. The handler only sets a flag: the loop then stops at the next step that all
+    ranks agree on (see ``Run._stop_agreed``), saves a resumable checkpoint and returns
+    its summary with ``stopped_by_signal``, so the process exits 0.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        # Signal handlers can only be set from the main thread (a test may train elsewhere).
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signal = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
+def hold_after_step(environ: Mapping[str, str]) -> int | None:
+    """The step after which the trainers hold (``TRAINIUM_HOLD_AFTER_STEP``), or None."""
+    value = environ.get(HOLD_VARIABLE, "").strip()
+    if not value:
+        return None
+    if not value.isascii() or not value.isdigit() or int(value) < 1:
+        raise ConfigError(
+            f"{HOLD_VARIABLE} {value!r} is not a step: use a whole number of at least 1, "
+            "or leave it unset (it holds the trainers after that step for rehearsals of faults)"
+        )
+    return int(value)
