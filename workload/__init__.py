@@ -11,6 +11,10 @@ the modules are split by concern:
 - ``engine``: the per-step training function and evaluation (shared with ``bench``).
 - ``checkpoint``: atomic, portable checkpoints and automatic resume.
 - ``metrics``: JSON lines, TensorBoard and progress output.
+- ``stop``: SIGTERM (stop at an agreed step, saved) and the hold that rehearsals of faults use.
+- ``bench`` (the command line), ``bench_paths``, ``bench_rounds``, ``bench_device``,
+  ``bench_stats``, ``bench_report``: the throughput benchmark against a plain loop and the
+  Hugging Face ``Trainer``; ``step_graphs``: one against two XLA graphs per step.
 """
 
 import os as _os
