@@ -20,20 +20,10 @@ from tests.workload_support import (
     run_train,
     single_thread,
 )
-from workload import data
-from workload.data import (
-    DataError,
-    EvalBatches,
-    TokenizedSplit,
-    TrainBatches,
-    cache_key,
-    find_split_files,
-    read_split,
-    read_splits,
-    resolve_data_dir,
-    split_cache_dir,
-    write_token_cache,
-)
+from workload import token_cache
+from workload.batches import EvalBatches, TrainBatches
+from workload.data import DataError, find_split_files, read_split, read_splits, resolve_data_dir
+from workload.token_cache import TokenizedSplit, cache_key, split_cache_dir, write_token_cache
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)
 
@@ -264,7 +254,7 @@ def test_a_failed_cache_write_leaves_nothing(
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(data.np, "save", disk_full)
+    monkeypatch.setattr(token_cache.np, "save", disk_full)
     with pytest.raises(OSError, match="No space left"):
         write_token_cache(raw, tokenizer, "classification", 32, tmp_path / "cache" / "train-x")
     assert list((tmp_path / "cache").iterdir()) == []

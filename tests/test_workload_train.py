@@ -233,7 +233,8 @@ TOKENIZER_FINGERPRINT = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {repo!r})
-    from workload.data import find_split_files, read_split, tokenizer_fingerprint
+    from workload.data import find_split_files, read_split
+    from workload.token_cache import tokenizer_fingerprint
     from workload.model import train_tiny_tokenizer
     from pathlib import Path
 

@@ -34,10 +34,12 @@ from tests.workload_support import (
     summary,
 )
 from workload.backend import Backend
+from workload.batches import EvalBatches, make_loader
 from workload.config import TrainConfig
-from workload.data import EvalBatches, TokenizedSplit, find_split_files, make_loader, read_split
+from workload.data import find_split_files, read_split
 from workload.engine import evaluate
 from workload.model import build_model, train_tiny_tokenizer
+from workload.token_cache import TokenizedSplit
 
 pytestmark = [pytest.mark.xla, pytest.mark.slow]
 

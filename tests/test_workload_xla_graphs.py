@@ -66,7 +66,7 @@ def batches_without_padding(output: Path, steps: int) -> int:
     """How many of the first ``steps`` training batches have no padding at all."""
     import numpy as np
 
-    from workload.data import TrainBatches
+    from workload.batches import TrainBatches
 
     (cache,) = (output / "token-cache").glob("train-*")
     lengths = np.load(cache / "lengths.npy")

@@ -6,7 +6,9 @@ the modules are split by concern:
 - ``config``: the typed, validated training configuration (flags, YAML file).
 - ``backend``: device selection and distributed setup (xla, cuda, cpu), one object the
   rest of the code talks to.
-- ``data``: reading and validating the splits, tokenize-once memory-mapped cache, samplers.
+- ``data``: finding, reading and validating the splits.
+- ``token_cache``: each split tokenized once into memory-mapped arrays.
+- ``batches``: which examples each rank takes at each step (static shapes), the loader.
 - ``model``: the model and tokenizer (``tiny`` from a config, or a hub name / local path).
 - ``engine``: the per-step training function and evaluation (shared with ``bench``).
 - ``checkpoint``: atomic, portable checkpoints and automatic resume.

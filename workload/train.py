@@ -32,6 +32,7 @@ from workload.backend import (
     resolve_device_kind,
     setup_backend,
 )
+from workload.batches import EvalBatches, TrainBatches, make_loader
 from workload.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -46,19 +47,11 @@ from workload.config import ConfigError, TrainConfig, parse_config
 from workload.data import (
     SPLITS,
     DataError,
-    EvalBatches,
-    TokenizedSplit,
-    TrainBatches,
-    cache_key,
-    choose_cache_root,
     find_split_files,
     forget_reads,
-    make_loader,
     read_split,
     read_splits,
     resolve_data_dir,
-    split_cache_dir,
-    write_token_cache,
 )
 from workload.engine import (
     EvalResult,
@@ -79,6 +72,13 @@ from workload.model import (
     train_tiny_tokenizer,
 )
 from workload.stop import HOLD_POLL_SECONDS, HOLD_VARIABLE, StopRequest, hold_after_step
+from workload.token_cache import (
+    TokenizedSplit,
+    cache_key,
+    choose_cache_root,
+    split_cache_dir,
+    write_token_cache,
+)
 
 log = logging.getLogger("workload.train")
 
