@@ -383,7 +383,7 @@ class _Node:
 
 
 def test_trainer_state_is_read_a_few_ranks_of_a_node_at_a_time() -> None:
-    from workload.train import READERS_PER_NODE, read_in_turns
+    from workload.turns import READERS_PER_NODE, read_in_turns
 
     assert READERS_PER_NODE == 4
     turn_of = {}
@@ -396,7 +396,7 @@ def test_trainer_state_is_read_a_few_ranks_of_a_node_at_a_time() -> None:
 
 def test_a_read_error_on_one_rank_is_raised_after_every_turn() -> None:
     from workload.checkpoint import CheckpointError
-    from workload.train import SharedError, read_in_turns
+    from workload.turns import SharedError, read_in_turns
 
     node: Any = _Node(1, 8)
 

@@ -13,6 +13,7 @@ the modules are split by concern:
 - ``engine``: the per-step training function and evaluation (shared with ``bench``).
 - ``checkpoint``: atomic, portable checkpoints and automatic resume.
 - ``metrics``: JSON lines, TensorBoard and progress output.
+- ``turns``: work the ranks do leader-first or a few at a time, errors shared by all.
 - ``stop``: SIGTERM (stop at an agreed step, saved) and the hold that rehearsals of faults use.
 - ``bench`` (the command line), ``bench_paths``, ``bench_rounds``, ``bench_device``,
   ``bench_stats``, ``bench_report``: the throughput benchmark against a plain loop and the

@@ -13,9 +13,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 if __package__ in (None, ""):
     # Started as a script (torchrun workload/train.py, from any directory): make the
@@ -35,7 +35,6 @@ from workload.backend import (
 from workload.batches import EvalBatches, TrainBatches, make_loader
 from workload.checkpoint import (
     FORMAT_VERSION,
-    CheckpointError,
     latest_checkpoint,
     load_model_weights,
     load_trainer_state,
@@ -46,7 +45,6 @@ from workload.checkpoint import (
 from workload.config import ConfigError, TrainConfig, parse_config
 from workload.data import (
     SPLITS,
-    DataError,
     find_split_files,
     forget_reads,
     read_split,
@@ -65,7 +63,6 @@ from workload.engine import (
 )
 from workload.metrics import MetricsLogger
 from workload.model import (
-    ModelError,
     build_model,
     load_tokenizer,
     save_tokenizer,
@@ -79,49 +76,13 @@ from workload.token_cache import (
     split_cache_dir,
     write_token_cache,
 )
+from workload.turns import USER_ERRORS, SharedError, leader_first, read_in_turns
 
 log = logging.getLogger("workload.train")
 
 #: Training steps after which, together with one finished evaluation, every graph of the
 #: run has been traced and compiled (the first optimizer step creates the AdamW state).
 WARMUP_STEPS = 3
-
-#: Errors that are the user's to fix: one line, no traceback.
-USER_ERRORS = (ConfigError, DataError, ModelError, CheckpointError, BackendError)
-
-T = TypeVar("T")
-
-
-class SharedError(RuntimeError):
-    """A user error that one rank found and every rank raises (printed once, by rank 0)."""
-
-
-#: Processes of a node that read a checkpoint's trainer state at the same time on resume.
-#: Every rank needs the whole optimizer state; 32 ranks reading it at once from the shared
-#: file system multiply the read and the host memory it takes by 32.
-READERS_PER_NODE = 4
-
-
-def read_in_turns(backend: Backend, read: Callable[[], T]) -> T:
-    """``read()`` on every rank, ``READERS_PER_NODE`` local ranks at a time.
-
-    Every rank passes the same barriers (nodes have the same number of processes); a user
-    error on one rank is raised on every rank after the last turn, so none waits forever.
-    """
-    turns = -(-backend.local_world_size // READERS_PER_NODE)
-    result: T | None = None
-    error: str | None = None
-    for turn in range(turns):
-        if backend.local_rank // READERS_PER_NODE == turn:
-            try:
-                result = read()
-            except USER_ERRORS as exc:
-                error = str(exc)
-        backend.barrier()
-    errors = [message for message in backend.all_gather_object(error) if message is not None]
-    if errors:
-        raise SharedError(errors[0])
-    return result  # type: ignore[return-value]
 
 
 def stochastic_rounding_seed(config: TrainConfig) -> str:
@@ -142,30 +103,6 @@ def setup_logging(rank: int) -> None:
         stream=sys.stderr,
         force=True,
     )
-
-
-def leader_first(
-    backend: Backend, leader: Callable[[], T], follower: Callable[[], T], *, per_node: bool
-) -> T:
-    """Run ``leader`` on rank 0 (or each node's local rank 0), then ``follower`` elsewhere.
-
-    A user error on a leader is raised on every rank, so the whole job stops before
-    training instead of waiting at a barrier; it is printed once, by rank 0.
-    """
-    is_leader = backend.is_local_main if per_node else backend.is_main
-    result: T | None = None
-    error: str | None = None
-    if is_leader:
-        try:
-            result = leader()
-        except USER_ERRORS as exc:
-            error = str(exc)
-    errors = [message for message in backend.all_gather_object(error) if message is not None]
-    if errors:
-        raise SharedError(errors[0])
-    if not is_leader:
-        result = follower()
-    return result  # type: ignore[return-value]
 
 
 class Run:
