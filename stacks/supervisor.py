@@ -38,7 +38,6 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_ssm as ssm
 from aws_cdk import aws_stepfunctions as sfn
-from aws_cdk import aws_stepfunctions_tasks as tasks
 from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
@@ -46,16 +45,17 @@ from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
 from stacks.log_groups import retention
 from stacks.nag import acknowledge
 from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, MAX_NODE_WAITS, SEND_BATCH
+from stacks.supervisor_run import (
+    LEG_TIME_LIMIT_STATUS,
+    REPLACE_NODE_STATUS,
+    ROLL_FLEET_STATUS,
+    from_job,
+    run_on_every_node,
+)
+from stacks.supervisor_tasks import SupervisorTasks
 
-#: preflight.sh exits with this status on a Neuron hardware error: replace the node.
-REPLACE_NODE_STATUS = 3
-#: preflight.sh exits with this status when the nodes run different software (the node-software
-#: check): no retry can help, a roll of the fleet does, so the job ends at once.
-ROLL_FLEET_STATUS = 4
-#: launch.sh exits with this status when it ended a leg at its time limit (contract C4).
-LEG_TIME_LIMIT_STATUS = 75
-#: Command statuses after which nothing more happens (SSM API reference, Command.Status).
-COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "DeliveryTimedOut")
+__all__ = ["LEG_TIME_LIMIT_STATUS", "REPLACE_NODE_STATUS", "ROLL_FLEET_STATUS", "JobSupervisor"]
+
 #: What an execution's input may set, with its default (the CLI passes JobId and TrainArgs).
 JOB_DEFAULTS: dict[str, Any] = {
     "TrainArgs": "",
@@ -121,7 +121,19 @@ class JobSupervisor(Construct):
             "StateMachine",
             state_machine_name=self.state_machine_name,
             state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_chainable(self._definition()),
+            definition_body=sfn.DefinitionBody.from_chainable(
+                self._definition(
+                    SupervisorTasks(
+                        scope=self,
+                        config=config,
+                        documents=documents,
+                        training_log_group=training_log_group,
+                        topic=topic,
+                        role=self.role,
+                        state_machine_arn=self.state_machine_arn,
+                    )
+                )
+            ),
             role=self.role,
             # Execution data (job ID, train arguments, command IDs) is what an operator reads.
             logs=sfn.LogOptions(
@@ -141,84 +153,8 @@ class JobSupervisor(Construct):
         self._announce_ends()
         self._acknowledge()
 
-    # ------------------------------------------------------------------ helpers
-    @property
-    def _stack(self) -> cdk.Stack:
-        return cdk.Stack.of(self)
-
-    def _document_arn(self, name: str) -> str:
-        return self._stack.format_arn(
-            service="ssm", resource="document", resource_name=self.documents[name].ref
-        )
-
-    def _instances_arn(self) -> str:
-        return self._stack.format_arn(service="ec2", resource="instance", resource_name="*")
-
-    def _group_arn(self) -> str:
-        # arn:aws:autoscaling:region:account:autoScalingGroup:<uuid>:autoScalingGroupName/<name>
-        # (Service Authorization Reference, Amazon EC2 Auto Scaling resource types).
-        return self._stack.format_arn(
-            service="autoscaling",
-            resource="autoScalingGroup",
-            resource_name=f"*:autoScalingGroupName/{self.config.auto_scaling_group_name}",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
-
-    def _sdk(
-        self,
-        construct_id: str,
-        service: str,
-        action: str,
-        parameters: dict[str, Any],
-        resources: list[str],
-        *,
-        iam_action: str | None = None,
-        result_selector: dict[str, Any] | None = None,
-        result_path: str | None = None,
-    ) -> tasks.CallAwsService:
-        task = tasks.CallAwsService(
-            self,
-            construct_id,
-            service=service,
-            action=action,
-            parameters=parameters,
-            iam_resources=resources,
-            iam_action=iam_action,
-            additional_iam_statements=[],
-            result_selector=result_selector,
-            result_path=result_path if result_path is not None else sfn.JsonPath.DISCARD,
-        )
-        # Throttling and brief outages must not end a job that runs for days.
-        task.add_retry(
-            errors=["States.TaskFailed", "States.Timeout"],
-            interval=cdk.Duration.seconds(5),
-            max_attempts=6,
-            backoff_rate=2,
-            max_delay=cdk.Duration.minutes(2),
-        )
-        return task
-
-    def _notify(self, construct_id: str, subject: str, message: str, *values: str) -> Any:
-        """Publishes to the cluster's topic; `message` is a States.Format template."""
-        config = self.config
-        return self._sdk(
-            construct_id,
-            "sns",
-            "publish",
-            {
-                "TopicArn": self.topic.topic_arn,
-                "Subject": sfn.JsonPath.format(
-                    f"{config.cluster_name}: job {{}} {subject}",
-                    sfn.JsonPath.string_at("$.Job.JobId"),
-                ),
-                "Message": sfn.JsonPath.format(message, *values),
-            },
-            [self.topic.topic_arn],
-            iam_action="sns:Publish",
-        )
-
     # --------------------------------------------------------------- definition
-    def _definition(self) -> sfn.IChainable:
+    def _definition(self, t: SupervisorTasks) -> sfn.IChainable:
         config = self.config
         job_id = sfn.JsonPath.string_at("$.Job.JobId")
         # An execution that continues a job (see the module's docstring) gets the counters and
@@ -261,7 +197,7 @@ class JobSupervisor(Construct):
         # One job at a time per cluster: refused rather than queued, because a queued job would
         # hold an execution (and its history) for as long as the running one trains, and the
         # operator who started it is better told at once which job has the nodes.
-        running = self._sdk(
+        running = t.sdk(
             "ListRunningJobs",
             "sfn",
             "listExecutions",
@@ -290,7 +226,7 @@ class JobSupervisor(Construct):
         ).next(
             sfn.Fail(self, "JobRefused", error="JobAlreadyRunning", cause_path="$.Refusal.Cause")
         )
-        notify_start = self._notify(
+        notify_start = t.notify(
             "NotifyStart",
             "started",
             "Job {} started on {} nodes of {} (up to {} retries).",
@@ -303,7 +239,7 @@ class JobSupervisor(Construct):
         # Waiting for a full set of nodes ------------------------------------------------
         # InService in the group means the node's bootstrap completed the launch lifecycle hook
         # (contract C2); Healthy, that nothing asked the group to replace it.
-        read_group = self._sdk(
+        read_group = t.sdk(
             "ReadGroup",
             "autoscaling",
             "describeAutoScalingGroups",
@@ -337,7 +273,7 @@ class JobSupervisor(Construct):
             "WaitForNodes",
             time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"),
         )
-        addresses = self._sdk(
+        addresses = t.sdk(
             "ReadAddresses",
             "ec2",
             "describeInstances",
@@ -457,7 +393,7 @@ class JobSupervisor(Construct):
             },
             result_path="$.Handover",
         )
-        start_successor = self._sdk(
+        start_successor = t.sdk(
             "StartSuccessor",
             "sfn",
             "startExecution",
@@ -487,23 +423,16 @@ class JobSupervisor(Construct):
         ).otherwise(read_group)
 
         # Preflight and training ------------------------------------------------------------
-        preflight = self._run(
+        preflight = run_on_every_node(
+            t,
             "Preflight",
-            {
-                "Hosts": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Hosts")),
-                "Port": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.PreflightPort")),
-            },
+            {"Port": from_job("PreflightPort")},
             comment="{} preflight {}",
         )
-        training = self._run(
+        training = run_on_every_node(
+            t,
             "RunTraining",
-            {
-                "Hosts": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Hosts")),
-                "JobId": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.JobId")),
-                "MasterPort": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.MasterPort")),
-                "NprocPerNode": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.NprocPerNode")),
-                "TrainArgs": sfn.JsonPath.array(sfn.JsonPath.string_at("$.Job.TrainArgs")),
-            },
+            {name: from_job(name) for name in ("JobId", "MasterPort", "NprocPerNode", "TrainArgs")},
             comment="{} attempt {}",
         )
         count_attempt = sfn.Pass(
@@ -518,7 +447,7 @@ class JobSupervisor(Construct):
         )
         nodes_ready.next(count_attempt).next(preflight.start)
 
-        finished = self._notify(
+        finished = t.notify(
             "NotifyFinish",
             "finished",
             "Job {} finished on all {} nodes after {} retries and {} legs.",
@@ -539,7 +468,7 @@ class JobSupervisor(Construct):
             result_path="$.Counters",
         )
         next_leg.next(
-            self._notify(
+            t.notify(
                 "NotifyLeg",
                 "continues",
                 "Job {}: leg {} ended at its time limit and saved a checkpoint; the next leg "
@@ -549,7 +478,7 @@ class JobSupervisor(Construct):
                 sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
             )
         ).next(hand_over)
-        failed = self._notify(
+        failed = t.notify(
             "NotifyFailure",
             "failed",
             "Job {} failed after {} retries (commands {}). Read the output with "
@@ -572,7 +501,7 @@ class JobSupervisor(Construct):
             result_path="$.Counters",
         )
         count_retry.next(
-            self._notify(
+            t.notify(
                 "NotifyRetry",
                 "retries",
                 "Job {}: attempt failed (commands {}); retry {} of {} resumes from the latest "
@@ -595,7 +524,7 @@ class JobSupervisor(Construct):
             failed,
         ).otherwise(count_retry)
 
-        mixed_fleet = self._notify(
+        mixed_fleet = t.notify(
             "NotifyMixedFleet",
             "cannot run",
             "Job {} cannot run: its nodes run different software (preflight commands {}). "
@@ -625,7 +554,7 @@ class JobSupervisor(Construct):
         preflight.end.next(preflight_outcome)
 
         # Was the attempt ended by `cluster.py stop` (a StopTraining command for this job)?
-        stop_commands = self._sdk(
+        stop_commands = t.sdk(
             "ListStopCommands",
             "ssm",
             "listCommands",
@@ -641,7 +570,7 @@ class JobSupervisor(Construct):
             self,
             "StopFilter",
             parameters={
-                "Document": {"key": "DocumentName", "value": self.documents["StopTraining"].ref},
+                "Document": {"key": "DocumentName", "value": t.document_name("StopTraining")},
                 "After": {"key": "InvokedAfter", "value": sfn.JsonPath.string_at("$.Nodes.Since")},
             },
             result_path="$.StopFilters",
@@ -682,7 +611,7 @@ class JobSupervisor(Construct):
             parameters={"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')"},
             result_path="$.Stop",
         )
-        stopped = self._notify(
+        stopped = t.notify(
             "NotifyStopped",
             "stopped",
             "Job {} was stopped (StopTraining); not retrying.",
@@ -719,208 +648,6 @@ class JobSupervisor(Construct):
         ).when(fresh, notify_start).otherwise(read_group)
         notify_start.next(read_group)
         return with_defaults.next(defaults).next(counters).next(running).next(one_job)
-
-    def _run(self, document: str, parameters: dict[str, Any], *, comment: str) -> _Run:
-        """Sends `document` to every node (a SendCommand per batch of at most 50), follows each
-        command to its end, and classifies every invocation: $.Verdict says whether any was
-        bad, any ended its leg (RunTraining), any node was marked for replacement or any node
-        found the fleet mixed (Preflight); $.Outcome lists the command IDs."""
-        config = self.config
-        p = document
-        send = self._sdk(
-            f"{p}Send",
-            "ssm",
-            "sendCommand",
-            {
-                "DocumentName": self.documents[document].ref,
-                "InstanceIds": sfn.JsonPath.list_at("$.InstanceIds"),
-                "Parameters": parameters,
-                "Comment": sfn.JsonPath.format(
-                    comment,
-                    sfn.JsonPath.string_at("$.Job.JobId"),
-                    sfn.JsonPath.string_at("$.Attempt"),
-                ),
-                "CloudWatchOutputConfig": {
-                    "CloudWatchLogGroupName": self.training_log_group.log_group_name,
-                    "CloudWatchOutputEnabled": True,
-                },
-            },
-            [self._document_arn(document)],
-            iam_action="ssm:SendCommand",
-            result_selector={"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
-            result_path="$.Command",
-        )
-        # The instances a command may go to: this cluster's nodes only, by their tag.
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["ssm:SendCommand"],
-                resources=[self._instances_arn()],
-                conditions={
-                    "StringEquals": {f"ssm:resourceTag/{CLUSTER_TAG_KEY}": config.cluster_name}
-                },
-            )
-        )
-        wait = sfn.Wait(self, f"{p}Wait", time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"))
-        poll = self._sdk(
-            f"{p}Poll",
-            "ssm",
-            "listCommands",
-            {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
-            ["*"],
-            iam_action="ssm:ListCommands",
-            result_selector={
-                # The whole command, not fields of it: a path that ends at an array element
-                # reads the same in every JSONPath evaluator (moto's returns a list for
-                # "$.Commands[0].Status").
-                "Command": sfn.JsonPath.object_at("$.Commands[0]"),
-            },
-            result_path="$.Poll",
-        )
-        grace = sfn.Pass(self, f"{p}GraceStarts", result=sfn.Result.from_boolean(True),
-                         result_path="$.Grace")  # fmt: skip
-        wait_grace = sfn.Wait(
-            self, f"{p}WaitGrace", time=sfn.WaitTime.seconds_path("$.Job.FailureGraceSeconds")
-        )
-        cancel = self._sdk(
-            f"{p}CancelRest",
-            "ssm",
-            "cancelCommand",
-            {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
-            ["*"],
-            iam_action="ssm:CancelCommand",
-        )
-        cancelled = sfn.Pass(self, f"{p}Cancelled", result=sfn.Result.from_boolean(True),
-                             result_path="$.Cancelled")  # fmt: skip
-        results = self._sdk(
-            f"{p}Results",
-            "ssm",
-            "listCommandInvocations",
-            # One page: a batch holds at most 50 invocations.
-            {
-                "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
-                "Details": True,
-                "MaxResults": SEND_BATCH,
-            },
-            ["*"],
-            iam_action="ssm:ListCommandInvocations",
-            result_selector={"Invocations": sfn.JsonPath.list_at("$.CommandInvocations")},
-            result_path="$.Results",
-        )
-        ended = sfn.Choice(self, f"{p}Ended")
-        ended.when(
-            sfn.Condition.or_(
-                *(sfn.Condition.string_equals("$.Poll.Command.Status", s) for s in COMMAND_ENDED)
-            ),
-            results,
-        ).when(sfn.Condition.is_present("$.Cancelled"), wait).when(
-            sfn.Condition.and_(
-                sfn.Condition.is_present("$.Grace"),
-                sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0),
-            ),
-            cancel,
-        ).when(
-            sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0), grace
-        ).otherwise(wait)
-        send.next(wait).next(poll).next(ended)
-        grace.next(wait_grace).next(poll)
-        cancel.next(cancelled).next(wait)
-
-        # Each invocation: ok, leg (ended at its time limit), replaced or bad. An invocation
-        # that was never delivered has no plugin and so no ResponseCode: bad.
-        classify = sfn.Choice(self, f"{p}Classify")
-        by_code = sfn.Choice(self, f"{p}ByCode")
-        ok = sfn.Pass(self, f"{p}Ok", result=sfn.Result.from_string("ok"))
-        bad = sfn.Pass(self, f"{p}Bad", result=sfn.Result.from_string("bad"))
-        plugin = sfn.Pass(
-            self,
-            f"{p}Plugin",
-            parameters={
-                "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
-                "Plugin": sfn.JsonPath.object_at("$.CommandPlugins[0]"),
-            },
-        )
-        plugin.next(by_code)
-        code = "$.Plugin.ResponseCode"
-        classify.when(sfn.Condition.string_equals("$.Status", "Success"), ok).when(
-            sfn.Condition.and_(
-                sfn.Condition.string_equals("$.Status", "Failed"),
-                sfn.Condition.is_present("$.CommandPlugins[0]"),
-            ),
-            plugin,
-        ).otherwise(bad)
-        if document == "RunTraining":
-            by_code.when(
-                sfn.Condition.number_equals(code, LEG_TIME_LIMIT_STATUS),
-                sfn.Pass(self, f"{p}Leg", result=sfn.Result.from_string("leg")),
-            )
-        if document == "Preflight":
-            mark = self._sdk(
-                f"{p}MarkUnhealthy",
-                "autoscaling",
-                "setInstanceHealth",
-                {
-                    "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
-                    "HealthStatus": "Unhealthy",
-                    "ShouldRespectGracePeriod": False,
-                },
-                [self._group_arn()],
-                iam_action="autoscaling:SetInstanceHealth",
-            )
-            mark.add_catch(bad, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-            mark.next(sfn.Pass(self, f"{p}Replaced", result=sfn.Result.from_string("replaced")))
-            by_code.when(sfn.Condition.number_equals(code, REPLACE_NODE_STATUS), mark).when(
-                sfn.Condition.number_equals(code, ROLL_FLEET_STATUS),
-                sfn.Pass(self, f"{p}Roll", result=sfn.Result.from_string("roll")),
-            )
-        by_code.otherwise(bad)
-        each = sfn.Map(
-            self,
-            f"{p}EachInvocation",
-            items_path="$.Results.Invocations",
-            result_path="$.Classes",
-        )
-        each.item_processor(classify)
-        results.next(each).next(
-            sfn.Pass(
-                self,
-                f"{p}BatchResult",
-                parameters={
-                    "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
-                    "Classes": sfn.JsonPath.list_at("$.Classes"),
-                },
-            )
-        )
-        batches = sfn.Map(
-            self,
-            f"{p}Batches",
-            comment=f"{document} on every node: one SendCommand per batch of {SEND_BATCH}.",
-            items_path="$.Nodes.Batches",
-            item_selector={
-                "InstanceIds": sfn.JsonPath.list_at("$$.Map.Item.Value"),
-                "Hosts": sfn.JsonPath.string_at("$.Nodes.Hosts"),
-                "Job": sfn.JsonPath.object_at("$.Job"),
-                "Attempt": sfn.JsonPath.number_at("$.Counters.Attempts"),
-            },
-            result_selector={
-                "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
-                "Classes": sfn.JsonPath.list_at("$[*].Classes[*]"),
-            },
-            result_path="$.Outcome",
-        )
-        batches.item_processor(send)
-        verdict = sfn.Pass(
-            self,
-            f"{p}Verdict",
-            parameters={
-                "Bad.$": "States.ArrayContains($.Outcome.Classes, 'bad')",
-                "Leg.$": "States.ArrayContains($.Outcome.Classes, 'leg')",
-                "Replaced.$": "States.ArrayContains($.Outcome.Classes, 'replaced')",
-                "Roll.$": "States.ArrayContains($.Outcome.Classes, 'roll')",
-            },
-            result_path="$.Verdict",
-        )
-        batches.next(verdict)
-        return _Run(start=batches, end=verdict)
 
     def _announce_ends(self) -> None:
         """Every execution that ends FAILED, TIMED_OUT or ABORTED is announced on the topic by
@@ -1004,11 +731,3 @@ class JobSupervisor(Construct):
             "key of that key only (kms:GenerateDataKey and kms:GenerateDataKeyWithoutPlaintext "
             "variants on the one key ARN).",
         )
-
-
-class _Run:
-    """The first and the last state of one document's run."""
-
-    def __init__(self, *, start: sfn.Map, end: sfn.Pass) -> None:
-        self.start = start
-        self.end = end

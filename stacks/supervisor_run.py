@@ -1,0 +1,261 @@
+"""The job supervisor's building block for running an SSM document on every node.
+
+`run_on_every_node` makes the states that send a document (Preflight or RunTraining) to every
+node, one SendCommand per batch of at most SEND_BATCH nodes inside a Map, follow each command
+to its end (cancelling the rest of a batch once a node has ended and FailureGraceSeconds have
+passed), and classify every invocation inside a second Map: ok, leg (RunTraining ended at its
+time limit), replaced (Preflight found a Neuron hardware error: the node is marked unhealthy),
+roll (Preflight found the nodes run different software) or bad. The last state, <Document>Verdict,
+sums the classes up in $.Verdict; $.Outcome lists the command IDs. The workflow chooses on
+$.Verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_stepfunctions as sfn
+
+from stacks.config import CLUSTER_TAG_KEY
+from stacks.supervisor_limits import SEND_BATCH
+from stacks.supervisor_tasks import SupervisorTasks
+
+#: preflight.sh exits with this status on a Neuron hardware error: replace the node.
+REPLACE_NODE_STATUS = 3
+#: preflight.sh exits with this status when the nodes run different software (the node-software
+#: check): no retry can help, a roll of the fleet does, so the job ends at once.
+ROLL_FLEET_STATUS = 4
+#: launch.sh exits with this status when it ended a leg at its time limit (contract C4).
+LEG_TIME_LIMIT_STATUS = 75
+#: Command statuses after which nothing more happens (SSM API reference, Command.Status).
+COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "DeliveryTimedOut")
+
+
+@dataclass(frozen=True)
+class Run:
+    """The first and the last state of one document's run on every node."""
+
+    start: sfn.Map
+    end: sfn.Pass
+
+
+def from_job(field: str) -> str:
+    """A document parameter (a list of one string) from the job's settings, $.Job.<field>."""
+    return sfn.JsonPath.array(sfn.JsonPath.string_at(f"$.Job.{field}"))
+
+
+def run_on_every_node(
+    t: SupervisorTasks, document: str, parameters: dict[str, Any], *, comment: str
+) -> Run:
+    """Sends `document` to every node (a SendCommand per batch of at most 50), follows each
+    command to its end, and classifies every invocation: $.Verdict says whether any was
+    bad, any ended its leg (RunTraining), any node was marked for replacement or any node
+    found the fleet mixed (Preflight); $.Outcome lists the command IDs. The document's
+    parameters are Hosts, the comma-separated host list, and `parameters`; `comment` is a
+    States.Format template of the job ID and the attempt."""
+    hosts = sfn.JsonPath.array(sfn.JsonPath.string_at("$.Hosts"))
+    send = _send(t, document, {"Hosts": hosts, **parameters}, comment)
+    results = _follow(t, document, send)
+    each = sfn.Map(
+        t.scope,
+        f"{document}EachInvocation",
+        items_path="$.Results.Invocations",
+        result_path="$.Classes",
+    )
+    each.item_processor(_classify(t, document))
+    results.next(each).next(
+        sfn.Pass(
+            t.scope,
+            f"{document}BatchResult",
+            parameters={
+                "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
+                "Classes": sfn.JsonPath.list_at("$.Classes"),
+            },
+        )
+    )
+    batches = sfn.Map(
+        t.scope,
+        f"{document}Batches",
+        comment=f"{document} on every node: one SendCommand per batch of {SEND_BATCH}.",
+        items_path="$.Nodes.Batches",
+        item_selector={
+            "InstanceIds": sfn.JsonPath.list_at("$$.Map.Item.Value"),
+            "Hosts": sfn.JsonPath.string_at("$.Nodes.Hosts"),
+            "Job": sfn.JsonPath.object_at("$.Job"),
+            "Attempt": sfn.JsonPath.number_at("$.Counters.Attempts"),
+        },
+        result_selector={
+            "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
+            "Classes": sfn.JsonPath.list_at("$[*].Classes[*]"),
+        },
+        result_path="$.Outcome",
+    )
+    batches.item_processor(send)
+    verdict = sfn.Pass(
+        t.scope,
+        f"{document}Verdict",
+        parameters={
+            "Bad.$": "States.ArrayContains($.Outcome.Classes, 'bad')",
+            "Leg.$": "States.ArrayContains($.Outcome.Classes, 'leg')",
+            "Replaced.$": "States.ArrayContains($.Outcome.Classes, 'replaced')",
+            "Roll.$": "States.ArrayContains($.Outcome.Classes, 'roll')",
+        },
+        result_path="$.Verdict",
+    )
+    batches.next(verdict)
+    return Run(start=batches, end=verdict)
+
+
+def _send(
+    t: SupervisorTasks, document: str, parameters: dict[str, Any], comment: str
+) -> sfn.TaskStateBase:
+    """<Document>Send: one SendCommand to a batch's nodes, output to the training log group."""
+    send = t.sdk(
+        f"{document}Send",
+        "ssm",
+        "sendCommand",
+        {
+            "DocumentName": t.document_name(document),
+            "InstanceIds": sfn.JsonPath.list_at("$.InstanceIds"),
+            "Parameters": parameters,
+            "Comment": sfn.JsonPath.format(comment, t.job_id, sfn.JsonPath.string_at("$.Attempt")),
+            "CloudWatchOutputConfig": {
+                "CloudWatchLogGroupName": t.training_log_group.log_group_name,
+                "CloudWatchOutputEnabled": True,
+            },
+        },
+        [t.document_arn(document)],
+        iam_action="ssm:SendCommand",
+        result_selector={"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
+        result_path="$.Command",
+    )
+    # The instances a command may go to: this cluster's nodes only, by their tag.
+    t.role.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["ssm:SendCommand"],
+            resources=[t.instances_arn()],
+            conditions={
+                "StringEquals": {f"ssm:resourceTag/{CLUSTER_TAG_KEY}": t.config.cluster_name}
+            },
+        )
+    )
+    return send
+
+
+def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.TaskStateBase:
+    """The poll loop after `send`: wait, ListCommands, and once the command has ended, its
+    invocations (<Document>Results, returned). Once one node has ended, the others may run
+    on for FailureGraceSeconds before the rest of the command is cancelled."""
+    p = document
+    wait = sfn.Wait(t.scope, f"{p}Wait", time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"))
+    command_id = {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")}
+    poll = t.sdk(
+        f"{p}Poll",
+        "ssm",
+        "listCommands",
+        command_id,
+        ["*"],
+        iam_action="ssm:ListCommands",
+        result_selector={
+            # The whole command, not fields of it: a path that ends at an array element
+            # reads the same in every JSONPath evaluator (moto's returns a list for
+            # "$.Commands[0].Status").
+            "Command": sfn.JsonPath.object_at("$.Commands[0]"),
+        },
+        result_path="$.Poll",
+    )
+    grace = sfn.Pass(t.scope, f"{p}GraceStarts", result=sfn.Result.from_boolean(True),
+                     result_path="$.Grace")  # fmt: skip
+    wait_grace = sfn.Wait(
+        t.scope, f"{p}WaitGrace", time=sfn.WaitTime.seconds_path("$.Job.FailureGraceSeconds")
+    )
+    cancel = t.sdk(f"{p}CancelRest", "ssm", "cancelCommand", command_id, ["*"],
+                   iam_action="ssm:CancelCommand")  # fmt: skip
+    cancelled = sfn.Pass(t.scope, f"{p}Cancelled", result=sfn.Result.from_boolean(True),
+                         result_path="$.Cancelled")  # fmt: skip
+    results = t.sdk(
+        f"{p}Results",
+        "ssm",
+        "listCommandInvocations",
+        # One page: a batch holds at most 50 invocations.
+        {**command_id, "Details": True, "MaxResults": SEND_BATCH},
+        ["*"],
+        iam_action="ssm:ListCommandInvocations",
+        result_selector={"Invocations": sfn.JsonPath.list_at("$.CommandInvocations")},
+        result_path="$.Results",
+    )
+    ended = sfn.Choice(t.scope, f"{p}Ended")
+    ended.when(
+        sfn.Condition.or_(
+            *(sfn.Condition.string_equals("$.Poll.Command.Status", s) for s in COMMAND_ENDED)
+        ),
+        results,
+    ).when(sfn.Condition.is_present("$.Cancelled"), wait).when(
+        sfn.Condition.and_(
+            sfn.Condition.is_present("$.Grace"),
+            sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0),
+        ),
+        cancel,
+    ).when(sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0), grace).otherwise(
+        wait
+    )
+    send.next(wait).next(poll).next(ended)
+    grace.next(wait_grace).next(poll)
+    cancel.next(cancelled).next(wait)
+    return results
+
+
+def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
+    """<Document>Classify, for one invocation: ok, leg (ended at its time limit), replaced,
+    roll or bad. An invocation that was never delivered has no plugin and so no ResponseCode:
+    bad."""
+    p = document
+    classify = sfn.Choice(t.scope, f"{p}Classify")
+    by_code = sfn.Choice(t.scope, f"{p}ByCode")
+    ok = sfn.Pass(t.scope, f"{p}Ok", result=sfn.Result.from_string("ok"))
+    bad = sfn.Pass(t.scope, f"{p}Bad", result=sfn.Result.from_string("bad"))
+    plugin = sfn.Pass(
+        t.scope,
+        f"{p}Plugin",
+        parameters={
+            "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
+            "Plugin": sfn.JsonPath.object_at("$.CommandPlugins[0]"),
+        },
+    )
+    plugin.next(by_code)
+    code = "$.Plugin.ResponseCode"
+    classify.when(sfn.Condition.string_equals("$.Status", "Success"), ok).when(
+        sfn.Condition.and_(
+            sfn.Condition.string_equals("$.Status", "Failed"),
+            sfn.Condition.is_present("$.CommandPlugins[0]"),
+        ),
+        plugin,
+    ).otherwise(bad)
+    if document == "RunTraining":
+        by_code.when(
+            sfn.Condition.number_equals(code, LEG_TIME_LIMIT_STATUS),
+            sfn.Pass(t.scope, f"{p}Leg", result=sfn.Result.from_string("leg")),
+        )
+    if document == "Preflight":
+        mark = t.sdk(
+            f"{p}MarkUnhealthy",
+            "autoscaling",
+            "setInstanceHealth",
+            {
+                "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
+                "HealthStatus": "Unhealthy",
+                "ShouldRespectGracePeriod": False,
+            },
+            [t.group_arn()],
+            iam_action="autoscaling:SetInstanceHealth",
+        )
+        mark.add_catch(bad, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+        mark.next(sfn.Pass(t.scope, f"{p}Replaced", result=sfn.Result.from_string("replaced")))
+        by_code.when(sfn.Condition.number_equals(code, REPLACE_NODE_STATUS), mark).when(
+            sfn.Condition.number_equals(code, ROLL_FLEET_STATUS),
+            sfn.Pass(t.scope, f"{p}Roll", result=sfn.Result.from_string("roll")),
+        )
+    by_code.otherwise(bad)
+    return classify
