@@ -23,40 +23,23 @@ AWS: it runs the same node scripts on local network namespaces (or loopback addr
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.arguments import UsageError, validate
+
+if TYPE_CHECKING:
+    from scripts.cluster_lib.clients import Session
+    from scripts.cluster_lib.cluster import Cluster
+    from scripts.cluster_lib.commands import CommandResult
 
 DEFAULT_CLUSTER = os.environ.get("TRAINIUM_CLUSTER_NAME", "trainium")
-#: The config's rule for cluster_name (stacks/config.py) and the SSM documents' JobId rule.
-CLUSTER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
-JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-COMMAND_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-TRAIN_ARG = re.compile(r"[A-Za-z0-9._,=:/+-]+")
-#: The TrainArgs parameter's length limit. SSM's agent checks allowedPattern with Go's regexp,
-#: which refuses repeat counts above 1000, so the documents cannot enforce it: the CLI does.
-MAX_TRAIN_ARGS = 2048
-#: train.py flags the node scripts set themselves: launch.sh passes `--output
-#: <jobs-root>/<job-id>` (and refuses it in the arguments), precompile.sh appends
-#: `--max-steps <steps>`; `--help` would end every rank at once with status 0.
-RESERVED_TRAIN_FLAGS = {"--output": "the job writes to /fsx/jobs/<job-id> (set --job-id)"}
-RESERVED_PRECOMPILE_FLAGS = {
-    **RESERVED_TRAIN_FLAGS,
-    "--max-steps": "precompile traces --steps steps (set --steps)",
-}
-HELP_FLAGS = {"-h", "--help"}
-
-
-class UsageError(Exception):
-    """Bad command-line input: one line, exit status 2, before any AWS call."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -217,125 +200,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# ------------------------------------------------------------------------ validation
-def check_port(flag: str, value: str) -> None:
-    """A TCP port that leaves port + 1 free: launch.sh and preflight.sh put the Neuron root
-    communicator (NEURON_RT_ROOT_COMM_ID) on the next port."""
-    if not re.fullmatch(r"[1-9][0-9]{0,4}", value) or int(value) > 65534:
-        raise UsageError(
-            f"{flag} {value!r} is not allowed: use a TCP port from 1 to 65534 (the next port "
-            "is the Neuron root communicator's)"
-        )
-
-
-def check_number(flag: str, value: float, *, low: float, strict: bool = False) -> None:
-    if not math.isfinite(value) or value < low or (strict and value == low):
-        bound = f"more than {low:g}" if strict else f"{low:g} or more"
-        raise UsageError(f"{flag} {value:g} is not allowed: use {bound}")
-
-
-def check_train_args(args: list[str], reserved: dict[str, str]) -> None:
-    for arg in args:
-        if not TRAIN_ARG.fullmatch(arg):
-            raise UsageError(
-                f"train argument {arg!r} is not allowed: use letters, digits and . _ , = : / + - "
-                "only (SSM passes the arguments as one space-separated string, no quotes)"
-            )
-        flag = arg.split("=", 1)[0]
-        if flag in reserved:
-            raise UsageError(f"train argument {flag} is set by the node scripts: {reserved[flag]}")
-        if arg in HELP_FLAGS:
-            raise UsageError(
-                f"train argument {arg} would only print train.py's help on every node: run "
-                "`python workload/train.py --help` here"
-            )
-    joined = " ".join(args)
-    if len(joined) > MAX_TRAIN_ARGS:
-        raise UsageError(
-            f"the train arguments are {len(joined)} characters long: at most "
-            f"{MAX_TRAIN_ARGS} fit the SSM parameter"
-        )
-
-
-def check_job_id(value: str | None) -> None:
-    if value is not None and not JOB_ID.fullmatch(value):
-        raise UsageError(
-            f"--job-id {value!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-
-
-def validate(args: argparse.Namespace, train_args: list[str]) -> None:
-    """Checks everything that can be checked without AWS, so that bad input fails at once
-    instead of on the nodes or after waiting for them."""
-    if not CLUSTER_NAME.fullmatch(args.cluster_name):
-        raise UsageError(
-            f"--cluster-name {args.cluster_name!r} is not allowed: use 1-24 lowercase letters, "
-            "digits and '-'"
-        )
-    check_number("--poll-interval", args.poll_interval, low=0, strict=True)
-    check_number("--wait-timeout", args.wait_timeout, low=0)
-    check_number("--give-up-after", args.give_up_after, low=0)
-    command = args.command
-    if train_args and command not in ("train", "precompile", "rehearse"):
-        raise UsageError(f"{command} takes no train.py arguments after --")
-    if command in ("train", "precompile", "stop"):
-        check_job_id(args.job_id)
-    if command in ("train", "precompile"):
-        check_port("--master-port", args.master_port)
-        if not re.fullmatch(r"auto|[1-9][0-9]{0,2}", args.nproc_per_node):
-            raise UsageError(
-                f"--nproc-per-node {args.nproc_per_node!r} is not allowed: use 'auto' (one "
-                "process per NeuronCore) or a number from 1 to 999"
-            )
-        reserved = RESERVED_PRECOMPILE_FLAGS if command == "precompile" else RESERVED_TRAIN_FLAGS
-        check_train_args(train_args, reserved)
-    if command == "precompile" and not re.fullmatch(r"[1-9][0-9]{0,3}", args.steps):
-        raise UsageError(f"--steps {args.steps!r} is not allowed: use 1 to 9999")
-    if command == "train":
-        if args.max_retries < 0:
-            raise UsageError(f"--max-retries {args.max_retries} is not allowed: use 0 or more")
-        check_number("--retry-delay", args.retry_delay, low=0)
-        if args.retry_delay > 31_536_000:
-            raise UsageError(
-                f"--retry-delay {args.retry_delay:g} is not allowed: use at most 31536000 "
-                "(a Step Functions Wait state waits at most a year)"
-            )
-        if args.check_every is not None and not 1 <= args.check_every <= 3600:
-            raise UsageError(f"--check-every {args.check_every} is not allowed: use 1 to 3600")
-        if not 0 <= args.failure_grace <= 86400:
-            raise UsageError(f"--failure-grace {args.failure_grace} is not allowed: use 0 to 86400")
-    if command == "jobs" and not 1 <= args.limit <= 1000:
-        raise UsageError(f"--limit {args.limit} is not allowed: use 1 to 1000")
-    if command == "preflight":
-        check_port("--port", args.port)
-    if command == "logs":
-        if (args.job_id is None) == (args.command_id is None):
-            raise UsageError("logs needs exactly one of --job-id or --command-id")
-        check_job_id(args.job_id)
-        if args.command_id is not None and not COMMAND_ID.fullmatch(args.command_id):
-            raise UsageError(
-                f"--command-id {args.command_id!r} is not an SSM command ID (a UUID such as "
-                "0b6f0d1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b)"
-            )
-        if not 1 <= args.lines <= 10000:
-            raise UsageError(f"--lines {args.lines} is not allowed: use 1 to 10000")
-    if command == "export":
-        check_number("--timeout", args.timeout, low=0, strict=True)
-
-
 # ------------------------------------------------------------------------- commands
 def out(message: str) -> None:
     print(message, flush=True)
 
 
-def make_cluster(args: argparse.Namespace, session: Any = None) -> Any:
+def make_cluster(args: argparse.Namespace, session: Session | None = None) -> Cluster:
     """The cluster behind the CLI's options; `session` (a boto3 Session) replaces the one
     built from --profile / --region, e.g. to serve the calls locally."""
     import boto3
     from botocore.exceptions import ProfileNotFound
 
-    from scripts.cluster_lib.aws import Clients, Cluster, resolve_region
+    from scripts.cluster_lib.clients import Clients, resolve_region
+    from scripts.cluster_lib.cluster import Cluster
 
     if session is None:
         try:
@@ -356,7 +233,7 @@ def make_cluster(args: argparse.Namespace, session: Any = None) -> Any:
     )
 
 
-def cmd_status(cluster: Any) -> int:
+def cmd_status(cluster: Cluster) -> int:
     outputs = cluster.outputs()
     out(
         f"cluster {outputs['ClusterName']} (stack {outputs.stack_name}): "
@@ -372,8 +249,8 @@ def cmd_status(cluster: Any) -> int:
         template = {"id": "", "version": "", "ami": ""}
         out(f"launch template: unknown ({error})")
     nodes, starting = cluster.running_nodes()
-    status = cluster.ssm_status(nodes)
-    software = cluster.reported_software() if nodes else {}
+    status = cluster.fleet.ssm_status(nodes)
+    software = cluster.fleet.reported_software() if nodes else {}
     out(f"nodes: {len(nodes)} running of {outputs['NodeCount']}, {starting} starting")
     stale = 0
     for rank, node in enumerate(nodes):
@@ -395,13 +272,13 @@ def cmd_status(cluster: Any) -> int:
             f"{stale} of {len(nodes)} nodes do not run launch template version "
             f"{template['version']}: roll the fleet with `cluster.py roll` when no job runs"
         )
-    refresh = cluster.active_refresh() if template["id"] else None
+    refresh = cluster.fleet.active_refresh() if template["id"] else None
     if refresh:
         out(
             f"instance refresh {refresh.get('InstanceRefreshId')}: {refresh.get('Status')}, "
             f"{refresh.get('PercentageComplete', 0)}% done"
         )
-    commands = cluster.recent_commands()
+    commands = cluster.history.recent_commands()
     out("recent commands:" if commands else "recent commands: none")
     for command in commands:
         when = command.get("RequestedDateTime")
@@ -415,17 +292,18 @@ def cmd_status(cluster: Any) -> int:
     return 0
 
 
-def report(result: Any, what: str) -> int:
+def report(result: CommandResult, what: str) -> int:
     if not result.ok:
         raise ClusterError(result.summary())
     out(f"{what} succeeded on all {len(result.invocations)} nodes")
     return 0
 
 
-def cmd_logs(cluster: Any, args: argparse.Namespace) -> int:
+def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
     """Prints the output of a command (every batch of it) from CloudWatch Logs; with
     --follow, keeps printing until the command has ended everywhere."""
-    from scripts.cluster_lib.aws import aws_errors
+    from scripts.cluster_lib.clients import aws_errors
+    from scripts.cluster_lib.logs import lines_of
 
     command_ids = [args.command_id] if args.command_id else cluster.latest_commands(args.job_id)
     log_group = cluster.outputs()["TrainingLogGroupName"]
@@ -440,24 +318,17 @@ def cmd_logs(cluster: Any, args: argparse.Namespace) -> int:
                 f"--node {args.node!r} matches no running node (rank, address or ID)"
             )
         suffix = f"{match[0].instance_id if match else args.node}/"
-    tokens: dict[str, str] = {}
+    # A stream's last --lines lines first, then whatever it gets after them.
+    reader = cluster.logs.reader(first_lines=args.lines)
 
     def poll() -> int:
         printed = 0
         for command_id in command_ids:
-            prefix = f"{command_id}/{suffix}"
-            for name in cluster.log_streams(log_group, prefix):
-                kwargs: dict[str, Any] = {"logGroupName": log_group, "logStreamName": name}
-                if name in tokens:
-                    kwargs.update(nextToken=tokens[name], startFromHead=True)
-                else:
-                    kwargs.update(startFromHead=False, limit=args.lines)
-                response = cluster.clients.logs.get_log_events(**kwargs)
-                for event in response["events"]:
+            for name in cluster.logs.log_streams(log_group, f"{command_id}/{suffix}"):
+                for event in reader.read(name):
                     stamp = datetime.fromtimestamp(event["timestamp"] / 1000, UTC)
-                    for line in event["message"].rstrip("\n").splitlines():
+                    for line in lines_of(event):
                         out(f"{name.split('/')[1]} {stamp:%H:%M:%S} {line}")
-                tokens[name] = response["nextForwardToken"]
                 printed += 1
         return printed
 
@@ -469,16 +340,16 @@ def cmd_logs(cluster: Any, args: argparse.Namespace) -> int:
     if not args.follow:
         return 0
     while True:
-        ended = cluster.commands_ended(command_ids)
+        ended = cluster.history.commands_ended(command_ids)
         if ended is not None:
             # What the nodes wrote last reaches CloudWatch after the command has ended.
-            cluster.sleep(args.poll_interval)
-            cluster.patiently("reading the command output", poll)
+            cluster.patience.sleep(args.poll_interval)
+            cluster.patience.patiently("reading the command output", poll)
             states = ", ".join(f"{cid} {status}" for cid, status in ended.items())
             out(f"command ended: {states}")
             return 0
-        cluster.sleep(args.poll_interval)
-        cluster.patiently("reading the command output", poll)
+        cluster.patience.sleep(args.poll_interval)
+        cluster.patience.patiently("reading the command output", poll)
 
 
 def cmd_rehearse(args: argparse.Namespace, train_args: list[str]) -> int:
@@ -491,7 +362,7 @@ def cmd_rehearse(args: argparse.Namespace, train_args: list[str]) -> int:
     return 0
 
 
-def cmd_precompile(cluster: Any, args: argparse.Namespace, train_args: list[str]) -> int:
+def cmd_precompile(cluster: Cluster, args: argparse.Namespace, train_args: list[str]) -> int:
     result = cluster.precompile(
         args.job_id, train_args, steps=args.steps, master_port=args.master_port,
         nproc_per_node=args.nproc_per_node,
@@ -499,7 +370,7 @@ def cmd_precompile(cluster: Any, args: argparse.Namespace, train_args: list[str]
     return report(result, f"precompile of job {args.job_id}")
 
 
-def cmd_train(cluster: Any, args: argparse.Namespace, train_args: list[str]) -> int:
+def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str]) -> int:
     from scripts.cluster_lib.jobs import Jobs
 
     job_id = args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")
@@ -516,7 +387,7 @@ def cmd_train(cluster: Any, args: argparse.Namespace, train_args: list[str]) -> 
     return 0
 
 
-def cmd_jobs(cluster: Any, args: argparse.Namespace) -> int:
+def cmd_jobs(cluster: Cluster, args: argparse.Namespace) -> int:
     from scripts.cluster_lib.jobs import Jobs, rows_text
 
     rows = Jobs(cluster).rows(limit=args.limit)
@@ -528,7 +399,7 @@ def cmd_jobs(cluster: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stop(cluster: Any, args: argparse.Namespace) -> int:
+def cmd_stop(cluster: Cluster, args: argparse.Namespace) -> int:
     from scripts.cluster_lib.jobs import Jobs
 
     # The execution first, so that its supervisor does not retry what the nodes then end.
@@ -536,7 +407,7 @@ def cmd_stop(cluster: Any, args: argparse.Namespace) -> int:
     return report(cluster.stop(args.job_id), f"stop of job {args.job_id}")
 
 
-def cmd_export(cluster: Any, args: argparse.Namespace) -> int:
+def cmd_export(cluster: Cluster, args: argparse.Namespace) -> int:
     task = cluster.export(timeout=args.timeout)
     out(
         f"export task {task['TaskId']} succeeded: the files are in S3; the storage stack can "
@@ -545,7 +416,9 @@ def cmd_export(cluster: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def dispatch(args: argparse.Namespace, train_args: list[str], session: Any = None) -> int:
+def dispatch(
+    args: argparse.Namespace, train_args: list[str], session: Session | None = None
+) -> int:
     if args.command == "rehearse":
         return cmd_rehearse(args, train_args)
     cluster = make_cluster(args, session)
@@ -563,7 +436,7 @@ def dispatch(args: argparse.Namespace, train_args: list[str], session: Any = Non
     return handlers[args.command]()
 
 
-def main(argv: list[str] | None = None, *, session: Any = None) -> int:
+def main(argv: list[str] | None = None, *, session: Session | None = None) -> int:
     """The CLI; `session` (a boto3 Session) serves every AWS call instead of the default one."""
     argv = sys.argv[1:] if argv is None else argv
     options, train_args = split_train_args(argv)

@@ -13,7 +13,9 @@ import botocore.session
 import pytest
 from botocore.stub import ANY, Stubber
 
-from scripts.cluster_lib.aws import Clients, Cluster, CommandResult
+from scripts.cluster_lib.clients import Clients
+from scripts.cluster_lib.cluster import Cluster
+from scripts.cluster_lib.commands import CommandResult
 from scripts.cluster_lib.documents import join_train_args
 
 REGION = "us-east-1"

@@ -139,7 +139,8 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
 
     from botocore.stub import ANY, Stubber
 
-    from scripts.cluster_lib.jobs import EXECUTION_NAME, Jobs
+    from scripts.cluster_lib.executions import EXECUTION_NAME
+    from scripts.cluster_lib.jobs import Jobs
 
     machine = "arn:aws:states:us-east-1:123456789012:stateMachine:trainium-jobs"
     aws.stack({**OUTPUTS, "JobStateMachineArn": machine})

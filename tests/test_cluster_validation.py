@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from scripts import cluster as cli
-from scripts.cluster_lib.aws import CLIENT_SERVICES, RETRIES, Clients, resolve_region
+from scripts.cluster_lib.clients import CLIENT_SERVICES, RETRIES, Clients, resolve_region
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LONG = "--name=" + "a" * 2042

@@ -270,7 +270,7 @@ def short_legs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def execution_status(cloud: Any, job: str) -> list[str]:
     """The statuses of the job's executions, newest first."""
-    from scripts.cluster_lib.jobs import job_of
+    from scripts.cluster_lib.executions import job_of
 
     client = cloud.session().client("stepfunctions")
     arn = cloud.stack_outputs()["JobStateMachineArn"]

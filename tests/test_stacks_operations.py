@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.cluster_lib.aws import EXPORT_OUTPUTS, REQUIRED_OUTPUTS
+from scripts.cluster_lib.outputs import EXPORT_OUTPUTS, REQUIRED_OUTPUTS
 from tests.cdk_support import Synth, alternative, flatten, only_resource, resources, synth
 
 SSM_DOCUMENTS_DIR = Path(__file__).resolve().parent.parent / "stacks" / "ssm_documents"

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib.documents import join_train_args
-from scripts.cluster_lib.jobs import EXECUTION_NAME, continued_as
+from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.cluster_lib.local_supervisor import definition as machine_definition
 from scripts.cluster_lib.local_supervisor import local_supervisor
 from stacks.supervisor_limits import (

@@ -22,6 +22,14 @@ from scripts.cluster_lib import REPO_ROOT, ClusterError
 
 DOCUMENTS_DIR = REPO_ROOT / "stacks" / "ssm_documents"
 DOCUMENT_NAMES = ("RunTraining", "Preflight", "Precompile", "StopTraining")
+#: What the CLI calls each parameter it takes from its own options, in its one-line errors.
+CLI_LABELS = {
+    "JobId": "--job-id",
+    "MasterPort": "--master-port",
+    "NprocPerNode": "--nproc-per-node",
+    "Steps": "--steps",
+    "TrainArgs": "train arguments",
+}
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,20 @@ def load(name: str) -> Document:
         for key, spec in content.get("parameters", {}).items()
     }
     return Document(name=name, path=path, content=content, parameters=parameters)
+
+
+def job_parameters(
+    job_id: str, train_args: list[str], *, master_port: str, nproc_per_node: str, **extra: str
+) -> dict[str, str]:
+    """The parameters a job's documents (RunTraining, Precompile) share, `extra` before
+    TrainArgs."""
+    return {
+        "JobId": job_id,
+        "MasterPort": master_port,
+        "NprocPerNode": nproc_per_node,
+        **extra,
+        "TrainArgs": join_train_args(train_args),
+    }
 
 
 def join_train_args(args: list[str]) -> str:

@@ -1,10 +1,11 @@
 """Jobs under the cluster's job supervisor: start, follow, list and stop them.
 
 A job is one execution of the operations stack's Step Functions state machine
-(stacks/supervisor.py, output `JobStateMachineArn`). The execution waits for the nodes, runs
-preflight, sends RunTraining, retries with resume and continues legs on the AWS side; the CLI
-only starts it and reads what it does, so closing the terminal (or Ctrl-C) never ends a job and
-never leaves one without supervision. There is no retry loop on the operator's machine.
+(stacks/supervisor.py, output `JobStateMachineArn`), or a chain of them (executions.py reads
+them). The execution waits for the nodes, runs preflight, sends RunTraining, retries with resume
+and continues legs on the AWS side; the CLI only starts it and reads what it does, so closing
+the terminal (or Ctrl-C) never ends a job and never leaves one without supervision. There is no
+retry loop on the operator's machine.
 
 What the CLI prints while following comes from the execution's own history: the states it
 enters (waiting for nodes, preflight, RunTraining) and the notifications it publishes to the
@@ -25,23 +26,23 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib.aws import Cluster, Node, _LogFollower, aws_errors, error_code
-from scripts.cluster_lib.documents import join_train_args, load
+from scripts.cluster_lib.clients import aws_errors, error_code
+from scripts.cluster_lib.cluster import Cluster
+from scripts.cluster_lib.documents import CLI_LABELS, job_parameters, load
+from scripts.cluster_lib.executions import (
+    UNKNOWN_FIELD,
+    Executions,
+    continued_as,
+    execution_name,
+    job_of,
+)
+from scripts.cluster_lib.fleet import Node
+from scripts.cluster_lib.logs import LogFollower
 from stacks import supervisor_limits as limits
 
-#: The operations stack's output naming the state machine.
-JOB_STATE_MACHINE_OUTPUT = "JobStateMachineArn"
-#: Execution names are the job ID and the start time. StartExecution's name: "Length
-#: Constraints: Minimum length of 1. Maximum length of 80." (Step Functions API reference);
-#: a 64-character job ID, "-" and the 15-character stamp make exactly 80. Names stay unique
-#: for 90 days per state machine, so a job resumed later gets a new execution.
-EXECUTION_STAMP = "%Y%m%d-%H%M%S"
-EXECUTION_NAME = re.compile(r"^(?P<job>.+)-[0-9]{8}-[0-9]{6}$")
 #: The failure names the state machine ends with (stacks/supervisor.py).
 REFUSED, FAILED, STOPPED = "JobAlreadyRunning", "JobFailed", "JobStopped"
 MIXED_FLEET = "NodesRunDifferentSoftware"
-#: `jobs` reads at most this many executions to put the newest jobs' chains together.
-MAX_LISTED = 1000
 #: `stop` lists the job's running executions again after this many seconds (a successor that
 #: an execution started just before it was stopped), at most STOP_ROUNDS times.
 HANDOVER_SECONDS, STOP_ROUNDS = 2.0, 5
@@ -54,38 +55,6 @@ STATE_LINES = {
     "PreflightBatches": "preflight on every node",
     "RunTrainingBatches": "RunTraining on every node",
 }
-
-
-def execution_name(job_id: str, now: datetime) -> str:
-    return f"{job_id}-{now.astimezone(UTC):{EXECUTION_STAMP}}"
-
-
-def job_of(name: str) -> str:
-    """The job ID of an execution name (one started by hand may be the job ID itself)."""
-    match = EXECUTION_NAME.match(name)
-    return match.group("job") if match else name
-
-
-def _json_field(text: str | None, key: str) -> str | None:
-    """`key` of the JSON object `text` (an execution's input or output), if set."""
-    try:
-        found = json.loads(text or "{}")
-    except ValueError:
-        return None
-    value = found.get(key) if isinstance(found, dict) else None
-    return str(value) if value else None
-
-
-def continued_from(described: dict[str, Any]) -> str | None:
-    """The ARN of the execution that handed its job over to this one, if one did."""
-    return _json_field(described.get("input"), "ContinuedFrom")
-
-
-def continued_as(described: dict[str, Any]) -> str | None:
-    """The name of the execution a SUCCEEDED execution handed its job over to, if it did."""
-    if described.get("status") != "SUCCEEDED":
-        return None
-    return _json_field(described.get("output"), "ContinuedAs")
 
 
 def _duration(seconds: float) -> str:
@@ -121,54 +90,10 @@ class Jobs:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.sfn = cluster.clients.stepfunctions
-
-    @property
-    def out(self) -> Any:
-        return self.cluster.out
-
-    @property
-    def state_machine(self) -> str:
-        outputs = self.cluster.outputs()
-        arn = outputs.values.get(JOB_STATE_MACHINE_OUTPUT)
-        if not arn:
-            raise ClusterError(
-                f"stack {outputs.stack_name} has no {JOB_STATE_MACHINE_OUTPUT} output (the job "
-                "supervisor): redeploy the operations stack from this version of the project"
-            )
-        return arn
-
-    # ------------------------------------------------------------------ reading
-    def running(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        """The state machine's running executions (of `job_id`), newest first."""
-        found: list[dict[str, Any]] = []
-        with aws_errors("listing the cluster's jobs"):
-            for page in self.sfn.get_paginator("list_executions").paginate(
-                stateMachineArn=self.state_machine, statusFilter="RUNNING"
-            ):
-                found.extend(page["executions"])
-        return [e for e in found if job_id is None or job_of(e["name"]) == job_id]
-
-    def history(self, arn: str, after: int = 0, *, newest: int | None = None) -> list[dict]:
-        """The execution's events with an ID above `after`, oldest first. They are asked for
-        newest first (reverseOrder), so that following a long execution costs one call per
-        poll; the order the pages come in is not relied on (the IDs are). `newest` keeps only
-        that many of the newest."""
-        found: dict[int, dict[str, Any]] = {}
-        kwargs: dict[str, Any] = {"executionArn": arn, "reverseOrder": True, "maxResults": 100}
-        while True:
-            page = self.sfn.get_execution_history(**kwargs)
-            reached = False
-            for event in page["events"]:
-                if event["id"] <= after:
-                    reached = True
-                else:
-                    found[event["id"]] = event
-            if reached or "nextToken" not in page or (newest and len(found) >= newest):
-                break
-            kwargs["nextToken"] = page["nextToken"]
-        events = [found[i] for i in sorted(found)]
-        return events[-newest:] if newest else events
+        self.executions = Executions(cluster.clients.stepfunctions, cluster.stack)
+        self.sfn = self.executions.sfn
+        self.out = cluster.patience.out
+        self.chains = self.executions.chains
 
     # ----------------------------------------------------------------- starting
     def poll_seconds(self, requested: int | None) -> int:
@@ -200,26 +125,15 @@ class Jobs:
         options: dict[str, Any] | None = None,
     ) -> str:
         """Starts the job's execution; refuses, in one line, while another job runs."""
-        parameters = {
-            "JobId": job_id,
-            "MasterPort": master_port,
-            "NprocPerNode": nproc_per_node,
-            "TrainArgs": join_train_args(train_args),
-        }
-        load("RunTraining").check(
-            parameters,
-            {
-                "JobId": "--job-id",
-                "MasterPort": "--master-port",
-                "NprocPerNode": "--nproc-per-node",
-                "TrainArgs": "train arguments",
-            },
+        parameters = job_parameters(
+            job_id, train_args, master_port=master_port, nproc_per_node=nproc_per_node
         )
-        arn = self.state_machine
+        load("RunTraining").check(parameters, CLI_LABELS)
+        arn = self.executions.state_machine
         # Not while `roll` replaces nodes (the supervisor itself does not look at refreshes:
         # a retry during a refresh waits for a full set of InService nodes like any other).
         self.cluster.wait_for_refresh()
-        running = self.running()
+        running = self.executions.running()
         if running:
             other = running[0]
             raise ClusterError(
@@ -285,7 +199,7 @@ class Jobs:
         seen = 0
         last_state = ""
         last_message = ""
-        followers: list[_LogFollower] = []
+        followers: list[LogFollower] = []
         training_since: datetime | None = None
         hint = (
             f"the job goes on in AWS: `cluster.py jobs`, `cluster.py logs --job-id {job_id} "
@@ -295,8 +209,8 @@ class Jobs:
         def read_history() -> None:
             nonlocal seen, last_state, last_message, followers, training_since
             after, arn = seen, execution
-            events = self.cluster.patiently(
-                "following the job", lambda: self.history(arn, after), hint=hint
+            events = self.cluster.patience.patiently(
+                "following the job", lambda: self.executions.history(arn, after), hint=hint
             )
             for event in events or []:
                 seen = max(seen, event["id"])
@@ -322,7 +236,7 @@ class Jobs:
                     followers = self._rank0_followers(job_id, training_since)
                 for follower in followers:
                     follower.poll()
-                described = self.cluster.patiently(
+                described = self.cluster.patience.patiently(
                     "following the job",
                     lambda arn=execution: self.sfn.describe_execution(executionArn=arn),  # type: ignore[misc]
                     hint=hint,
@@ -343,7 +257,7 @@ class Jobs:
                         follower.poll()
                     self._ended(described, job_id, last_message)
                     return
-                self.cluster.sleep(self.cluster.poll_interval)
+                self.cluster.patience.pause()
         except KeyboardInterrupt:
             raise Detached(self.detached(job_id)) from None
 
@@ -359,11 +273,11 @@ class Jobs:
             return None
         return str(message) if message else None
 
-    def _rank0_followers(self, job_id: str, since: datetime) -> list[_LogFollower]:
+    def _rank0_followers(self, job_id: str, since: datetime) -> list[LogFollower]:
         """Followers of rank 0's output in the job's RunTraining commands sent at or after
         `since` (none yet: the workflow has not sent them; try again at the next poll)."""
         try:
-            commands = self.cluster.latest_command_details(job_id)
+            commands = self.cluster.history.latest_command_details(job_id)
         except (ClusterError, ClientError, BotoCoreError):
             return []
         commands = [c for c in commands if c.get("RequestedDateTime", since) >= since]
@@ -375,7 +289,7 @@ class Jobs:
         if rank0 is None:
             return []
         self.out(f"job {job_id}: output of rank 0 ({rank0.instance_id}, {rank0.address}):")
-        return [_LogFollower(self.cluster, c["CommandId"], rank0) for c in commands]
+        return [self.cluster.logs.follower(c["CommandId"], rank0.instance_id) for c in commands]
 
     def _ended(self, described: dict[str, Any], job_id: str, last_message: str) -> None:
         status = described["status"]
@@ -405,40 +319,6 @@ class Jobs:
         )
 
     # ------------------------------------------------------------------ listing
-    def chains(self, limit: int = 10) -> list[list[tuple[dict[str, Any], dict[str, Any]]]]:
-        """The newest `limit` jobs, each the chain of executions that ran it, newest first
-        (an execution that handed its job over, ContinuedAs, joins the chain of the one it
-        started), as (listed, described) pairs. At most MAX_LISTED executions are read."""
-        chains: list[list[tuple[dict[str, Any], dict[str, Any]]]] = []
-        # The chain of an execution that continued another, by its name, until that other
-        # one is read.
-        waiting: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-        read = 0
-        with aws_errors("listing the cluster's jobs"):
-            pages = self.sfn.get_paginator("list_executions").paginate(
-                stateMachineArn=self.state_machine
-            )
-            for page in pages:
-                for execution in page["executions"]:
-                    if (len(chains) >= limit and not waiting) or read >= MAX_LISTED:
-                        return chains
-                    read += 1
-                    described: dict[str, Any] = {}
-                    with contextlib.suppress(*UNKNOWN_FIELD):
-                        arn = execution["executionArn"]
-                        described = self.sfn.describe_execution(executionArn=arn)
-                    successor = continued_as(described)
-                    chain = waiting.pop(successor, None) if successor else None
-                    if chain is None:
-                        if len(chains) >= limit:
-                            continue  # an older job's execution
-                        chain = []
-                        chains.append(chain)
-                    chain.append((execution, described))
-                    if continued_from(described):
-                        waiting[execution["name"]] = chain
-        return chains
-
     def rows(self, limit: int = 10) -> list[JobRow]:
         """The newest `limit` jobs with status, duration, attempts and the last step and
         accuracy rank 0 reported (where its node and output are still there). A job that its
@@ -447,7 +327,7 @@ class Jobs:
         now = datetime.now(UTC)
         rows: list[JobRow] = []
         chains = self.chains(limit)
-        latest = self.cluster.latest_commands_by_job() if chains else {}
+        latest = self.cluster.history.latest_commands_by_job() if chains else {}
         nodes = {n.address: n for n in self.cluster.running_nodes()[0]} if chains else {}
         for chain in chains:
             (newest, described), (oldest, _) = chain[0], chain[-1]
@@ -464,7 +344,7 @@ class Jobs:
                 execution=newest["name"],
             )
             with contextlib.suppress(*UNKNOWN_FIELD):
-                counters = self._counters(newest["executionArn"])
+                counters = self.executions.counters(newest["executionArn"])
                 if counters:
                     row.attempts = str(counters.get("Attempts", "-"))
                     row.retries = str(counters.get("Retries", "-"))
@@ -479,31 +359,13 @@ class Jobs:
             rows.append(row)
         return rows
 
-    def _counters(self, arn: str) -> dict[str, Any] | None:
-        """The attempt, retry and leg counters as the execution last carried them."""
-        for event in reversed(self.history(arn, newest=100)):
-            for key in ("stateExitedEventDetails", "stateEnteredEventDetails"):
-                details = event.get(key) or {}
-                text = details.get("output") or details.get("input")
-                if not text or '"Counters"' not in text:
-                    continue
-                try:
-                    counters = json.loads(text).get("Counters")
-                except ValueError:
-                    continue
-                if isinstance(counters, dict):
-                    return counters
-        return None
-
     def _progress(self, command_id: str, node: Node) -> tuple[str, str]:
         """The last step and evaluation accuracy in rank 0's output of a command."""
         log_group = self.cluster.outputs()["TrainingLogGroupName"]
         step, accuracy = "-", "-"
-        for name in self.cluster.log_streams(log_group, f"{command_id}/{node.instance_id}/"):
-            events = self.cluster.clients.logs.get_log_events(
-                logGroupName=log_group, logStreamName=name, startFromHead=False, limit=500
-            )["events"]
-            for event in events:
+        logs = self.cluster.logs
+        for name in logs.log_streams(log_group, f"{command_id}/{node.instance_id}/"):
+            for event in logs.last_events(log_group, name, 500):
                 for found in STEP_LINE.finditer(event["message"]):
                     step = f"{found['step']}/{found['total']}"
                 for found in EVAL_LINE.finditer(event["message"]):
@@ -519,7 +381,7 @@ class Jobs:
         until none of the job's runs."""
         stopped: list[str] = []
         for _ in range(STOP_ROUNDS):
-            running = [e for e in self.running(job_id) if e["name"] not in stopped]
+            running = [e for e in self.executions.running(job_id) if e["name"] not in stopped]
             if not running:
                 break
             for execution in running:
@@ -535,12 +397,8 @@ class Jobs:
                             raise
                 self.out(f"job {job_id}: stopped execution {execution['name']} (no retry follows)")
                 stopped.append(execution["name"])
-            self.cluster.sleep(HANDOVER_SECONDS)
+            self.cluster.patience.sleep(HANDOVER_SECONDS)
         return stopped
-
-
-#: Errors that leave a field of `jobs` at "-" (AWS cannot tell it; the listing goes on).
-UNKNOWN_FIELD = (ClientError, BotoCoreError, ClusterError, KeyError, ValueError)
 
 
 class Detached(Exception):

@@ -1,6 +1,6 @@
 """A local stand-in for the AWS side of a cluster, for the rehearsal and its tests.
 
-The operator CLI's own code (scripts/cluster_lib/aws.py and jobs.py: `train`, `preflight`,
+The operator CLI's own code (scripts/cluster_lib/: `Cluster` and `Jobs`: `train`, `preflight`,
 `stop`, `logs`) runs against real botocore clients whose calls are answered here instead of
 by AWS: a `before-call` handler returns the response, after botocore has validated the
 request against the service model, so paginators, waiters of our own and error handling all
@@ -391,7 +391,7 @@ class LocalCloud:
 
     def clients(self) -> Any:
         """The CLI's Clients, built by its own factory, answered by this stand-in."""
-        from scripts.cluster_lib.aws import Clients
+        from scripts.cluster_lib.clients import Clients
 
         return Clients.from_session(self.session())
 
@@ -432,7 +432,7 @@ class LocalCloud:
 
     # ------------------------------------------------------------ CloudFormation
     def stack_outputs(self) -> dict[str, str]:
-        from scripts.cluster_lib import aws
+        from scripts.cluster_lib.outputs import EXPORT_OUTPUTS, REQUIRED_OUTPUTS
 
         values = {
             "ClusterName": self.cluster_name,
@@ -446,7 +446,7 @@ class LocalCloud:
         }
         for name in DOCUMENT_NAMES:
             values[f"{name}DocumentName"] = f"{self.cluster_name}-{name}"
-        for key in (*aws.REQUIRED_OUTPUTS, *getattr(aws, "EXPORT_OUTPUTS", ())):
+        for key in (*REQUIRED_OUTPUTS, *EXPORT_OUTPUTS):
             values.setdefault(key, f"rehearsal-{key}")
         values.update(self.extra_outputs)
         return values

@@ -485,7 +485,7 @@ def _rehearse_through_run_command(
     quiet: bool,
     out: Callable[[str], None],
 ) -> dict[str, Any]:
-    from scripts.cluster_lib.aws import Cluster
+    from scripts.cluster_lib.cluster import Cluster
     from scripts.cluster_lib.jobs import Jobs
     from scripts.cluster_lib.local_supervisor import local_supervisor, synthesize_operations
     from scripts.cluster_lib.localcloud import local_cloud

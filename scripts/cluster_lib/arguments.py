@@ -1,0 +1,141 @@
+"""What the operator CLI checks in its arguments before any AWS call.
+
+Bad input fails at once, in one line with exit status 2, instead of on the nodes or after
+waiting for them: the cluster name and job ID (the config's and the SSM documents' rules),
+ports, numbers, and the train.py arguments, which SSM passes to the nodes as one
+space-separated string.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+#: The config's rule for cluster_name (stacks/config.py) and the SSM documents' JobId rule.
+CLUSTER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+COMMAND_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TRAIN_ARG = re.compile(r"[A-Za-z0-9._,=:/+-]+")
+#: The TrainArgs parameter's length limit. SSM's agent checks allowedPattern with Go's regexp,
+#: which refuses repeat counts above 1000, so the documents cannot enforce it: the CLI does.
+MAX_TRAIN_ARGS = 2048
+#: train.py flags the node scripts set themselves: launch.sh passes `--output
+#: <jobs-root>/<job-id>` (and refuses it in the arguments), precompile.sh appends
+#: `--max-steps <steps>`; `--help` would end every rank at once with status 0.
+RESERVED_TRAIN_FLAGS = {"--output": "the job writes to /fsx/jobs/<job-id> (set --job-id)"}
+RESERVED_PRECOMPILE_FLAGS = {
+    **RESERVED_TRAIN_FLAGS,
+    "--max-steps": "precompile traces --steps steps (set --steps)",
+}
+HELP_FLAGS = {"-h", "--help"}
+
+
+class UsageError(Exception):
+    """Bad command-line input: one line, exit status 2, before any AWS call."""
+
+
+def check_port(flag: str, value: str) -> None:
+    """A TCP port that leaves port + 1 free: launch.sh and preflight.sh put the Neuron root
+    communicator (NEURON_RT_ROOT_COMM_ID) on the next port."""
+    if not re.fullmatch(r"[1-9][0-9]{0,4}", value) or int(value) > 65534:
+        raise UsageError(
+            f"{flag} {value!r} is not allowed: use a TCP port from 1 to 65534 (the next port "
+            "is the Neuron root communicator's)"
+        )
+
+
+def check_number(flag: str, value: float, *, low: float, strict: bool = False) -> None:
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        bound = f"more than {low:g}" if strict else f"{low:g} or more"
+        raise UsageError(f"{flag} {value:g} is not allowed: use {bound}")
+
+
+def check_train_args(args: list[str], reserved: dict[str, str]) -> None:
+    for arg in args:
+        if not TRAIN_ARG.fullmatch(arg):
+            raise UsageError(
+                f"train argument {arg!r} is not allowed: use letters, digits and . _ , = : / + - "
+                "only (SSM passes the arguments as one space-separated string, no quotes)"
+            )
+        flag = arg.split("=", 1)[0]
+        if flag in reserved:
+            raise UsageError(f"train argument {flag} is set by the node scripts: {reserved[flag]}")
+        if arg in HELP_FLAGS:
+            raise UsageError(
+                f"train argument {arg} would only print train.py's help on every node: run "
+                "`python workload/train.py --help` here"
+            )
+    joined = " ".join(args)
+    if len(joined) > MAX_TRAIN_ARGS:
+        raise UsageError(
+            f"the train arguments are {len(joined)} characters long: at most "
+            f"{MAX_TRAIN_ARGS} fit the SSM parameter"
+        )
+
+
+def check_job_id(value: str | None) -> None:
+    if value is not None and not JOB_ID.fullmatch(value):
+        raise UsageError(
+            f"--job-id {value!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+
+
+def validate(args: argparse.Namespace, train_args: list[str]) -> None:
+    """Checks everything that can be checked without AWS, so that bad input fails at once
+    instead of on the nodes or after waiting for them."""
+    if not CLUSTER_NAME.fullmatch(args.cluster_name):
+        raise UsageError(
+            f"--cluster-name {args.cluster_name!r} is not allowed: use 1-24 lowercase letters, "
+            "digits and '-'"
+        )
+    check_number("--poll-interval", args.poll_interval, low=0, strict=True)
+    check_number("--wait-timeout", args.wait_timeout, low=0)
+    check_number("--give-up-after", args.give_up_after, low=0)
+    command = args.command
+    if train_args and command not in ("train", "precompile", "rehearse"):
+        raise UsageError(f"{command} takes no train.py arguments after --")
+    if command in ("train", "precompile", "stop"):
+        check_job_id(args.job_id)
+    if command in ("train", "precompile"):
+        check_port("--master-port", args.master_port)
+        if not re.fullmatch(r"auto|[1-9][0-9]{0,2}", args.nproc_per_node):
+            raise UsageError(
+                f"--nproc-per-node {args.nproc_per_node!r} is not allowed: use 'auto' (one "
+                "process per NeuronCore) or a number from 1 to 999"
+            )
+        reserved = RESERVED_PRECOMPILE_FLAGS if command == "precompile" else RESERVED_TRAIN_FLAGS
+        check_train_args(train_args, reserved)
+    if command == "precompile" and not re.fullmatch(r"[1-9][0-9]{0,3}", args.steps):
+        raise UsageError(f"--steps {args.steps!r} is not allowed: use 1 to 9999")
+    if command == "train":
+        if args.max_retries < 0:
+            raise UsageError(f"--max-retries {args.max_retries} is not allowed: use 0 or more")
+        check_number("--retry-delay", args.retry_delay, low=0)
+        if args.retry_delay > 31_536_000:
+            raise UsageError(
+                f"--retry-delay {args.retry_delay:g} is not allowed: use at most 31536000 "
+                "(a Step Functions Wait state waits at most a year)"
+            )
+        if args.check_every is not None and not 1 <= args.check_every <= 3600:
+            raise UsageError(f"--check-every {args.check_every} is not allowed: use 1 to 3600")
+        if not 0 <= args.failure_grace <= 86400:
+            raise UsageError(f"--failure-grace {args.failure_grace} is not allowed: use 0 to 86400")
+    if command == "jobs" and not 1 <= args.limit <= 1000:
+        raise UsageError(f"--limit {args.limit} is not allowed: use 1 to 1000")
+    if command == "preflight":
+        check_port("--port", args.port)
+    if command == "logs":
+        if (args.job_id is None) == (args.command_id is None):
+            raise UsageError("logs needs exactly one of --job-id or --command-id")
+        check_job_id(args.job_id)
+        if args.command_id is not None and not COMMAND_ID.fullmatch(args.command_id):
+            raise UsageError(
+                f"--command-id {args.command_id!r} is not an SSM command ID (a UUID such as "
+                "0b6f0d1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b)"
+            )
+        if not 1 <= args.lines <= 10000:
+            raise UsageError(f"--lines {args.lines} is not allowed: use 1 to 10000")
+    if command == "export":
+        check_number("--timeout", args.timeout, low=0, strict=True)
