@@ -23,11 +23,20 @@ MAX_NODE_WAITS polls for nodes it starts a new execution of this state machine w
 settings and counters (ContinuedFrom names the one before) and ends SUCCEEDED with ContinuedAs
 in its output; the CLI follows the chain. stacks/supervisor_limits.py holds the arithmetic (the
 CLI refuses a PollSeconds at which one attempt would not fit).
+
+Where things are:
+- stacks/supervisor_workflow.py: the workflow, its states in the order a job meets them, every
+  Choice's rules and every transition (a state diagram in its docstring);
+- stacks/supervisor_states.py, stacks/supervisor_outcomes.py: what each state does (before and
+  after an attempt's outcome);
+- stacks/supervisor_run.py: the building block that runs a document on every node and
+  classifies the invocations;
+- stacks/supervisor_tasks.py: the SDK-call and notification helpers and the ARNs they name;
+- here: the state machine, its role and log group, the EventBridge rule that announces failed
+  executions, and the cdk-nag acknowledgements.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_events as events
@@ -44,31 +53,18 @@ from constructs import Construct
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
 from stacks.log_groups import retention
 from stacks.nag import acknowledge
-from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, MAX_NODE_WAITS, SEND_BATCH
-from stacks.supervisor_run import (
-    LEG_TIME_LIMIT_STATUS,
-    REPLACE_NODE_STATUS,
-    ROLL_FLEET_STATUS,
-    from_job,
-    run_on_every_node,
-)
+from stacks.supervisor_run import LEG_TIME_LIMIT_STATUS, REPLACE_NODE_STATUS, ROLL_FLEET_STATUS
+from stacks.supervisor_states import JOB_DEFAULTS, SupervisorStates
 from stacks.supervisor_tasks import SupervisorTasks
+from stacks.supervisor_workflow import definition
 
-__all__ = ["LEG_TIME_LIMIT_STATUS", "REPLACE_NODE_STATUS", "ROLL_FLEET_STATUS", "JobSupervisor"]
-
-#: What an execution's input may set, with its default (the CLI passes JobId and TrainArgs).
-JOB_DEFAULTS: dict[str, Any] = {
-    "TrainArgs": "",
-    "MasterPort": "29500",
-    "NprocPerNode": "auto",
-    "PreflightPort": "29600",
-    "MaxRetries": 2,
-    "PollSeconds": DEFAULT_POLL_SECONDS,
-    "RetryDelaySeconds": 60,
-    # How long the other nodes may run on after one node's invocation ended before the rest of
-    # the attempt is cancelled (a data-parallel job cannot go on without a rank).
-    "FailureGraceSeconds": 300,
-}
+__all__ = [
+    "JOB_DEFAULTS",
+    "LEG_TIME_LIMIT_STATUS",
+    "REPLACE_NODE_STATUS",
+    "ROLL_FLEET_STATUS",
+    "JobSupervisor",
+]
 
 
 class JobSupervisor(Construct):
@@ -116,23 +112,24 @@ class JobSupervisor(Construct):
             assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
             description=f"{config.cluster_name}: the job supervisor's state machine",
         )
+        states = SupervisorStates(
+            SupervisorTasks(
+                scope=self,
+                config=config,
+                documents=documents,
+                training_log_group=training_log_group,
+                topic=topic,
+                role=self.role,
+                state_machine_arn=self.state_machine_arn,
+            )
+        )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
             state_machine_name=self.state_machine_name,
             state_machine_type=sfn.StateMachineType.STANDARD,
             definition_body=sfn.DefinitionBody.from_chainable(
-                self._definition(
-                    SupervisorTasks(
-                        scope=self,
-                        config=config,
-                        documents=documents,
-                        training_log_group=training_log_group,
-                        topic=topic,
-                        role=self.role,
-                        state_machine_arn=self.state_machine_arn,
-                    )
-                )
+                definition(states, node_count=config.node_count)
             ),
             role=self.role,
             # Execution data (job ID, train arguments, command IDs) is what an operator reads.
@@ -152,502 +149,6 @@ class JobSupervisor(Construct):
         key.grant(self.role, "kms:Decrypt", "kms:GenerateDataKey*")
         self._announce_ends()
         self._acknowledge()
-
-    # --------------------------------------------------------------- definition
-    def _definition(self, t: SupervisorTasks) -> sfn.IChainable:
-        config = self.config
-        job_id = sfn.JsonPath.string_at("$.Job.JobId")
-        # An execution that continues a job (see the module's docstring) gets the counters and
-        # ContinuedFrom in its input; a new job starts them afresh.
-        with_defaults = sfn.Pass(
-            self,
-            "Defaults",
-            parameters={
-                "Defaults": JOB_DEFAULTS,
-                "Fresh": {
-                    "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
-                    "ContinuedFrom": "",
-                },
-                "Input": sfn.JsonPath.object_at("$"),
-            },
-        )
-        defaults = sfn.Pass(
-            self,
-            "ReadJob",
-            comment="The execution input over the defaults.",
-            parameters={
-                "Job": sfn.JsonPath.json_merge(
-                    sfn.JsonPath.object_at("$.Defaults"), sfn.JsonPath.object_at("$.Input")
-                ),
-                "Carried": sfn.JsonPath.json_merge(
-                    sfn.JsonPath.object_at("$.Fresh"), sfn.JsonPath.object_at("$.Input")
-                ),
-            },
-        )
-        counters = sfn.Pass(
-            self,
-            "ReadCounters",
-            parameters={
-                "Job": sfn.JsonPath.object_at("$.Job"),
-                "Counters": sfn.JsonPath.object_at("$.Carried.Counters"),
-                "ContinuedFrom": sfn.JsonPath.string_at("$.Carried.ContinuedFrom"),
-                "NodeWaits": {"Count": 0},
-            },
-        )
-        # One job at a time per cluster: refused rather than queued, because a queued job would
-        # hold an execution (and its history) for as long as the running one trains, and the
-        # operator who started it is better told at once which job has the nodes.
-        running = t.sdk(
-            "ListRunningJobs",
-            "sfn",
-            "listExecutions",
-            {
-                "StateMachineArn": sfn.JsonPath.string_at("$$.StateMachine.Id"),
-                "StatusFilter": "RUNNING",
-            },
-            [self.state_machine_arn],
-            iam_action="states:ListExecutions",
-            result_selector={
-                "Count": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.Executions")),
-                "Names": sfn.JsonPath.list_at("$.Executions[*].Name"),
-            },
-            result_path="$.Running",
-        )
-        refuse = sfn.Pass(
-            self,
-            "DescribeRefusal",
-            parameters={
-                "Cause": sfn.JsonPath.format(
-                    "another job runs on this cluster; one job at a time (running jobs: {})",
-                    sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Running.Names")),
-                )
-            },
-            result_path="$.Refusal",
-        ).next(
-            sfn.Fail(self, "JobRefused", error="JobAlreadyRunning", cause_path="$.Refusal.Cause")
-        )
-        notify_start = t.notify(
-            "NotifyStart",
-            "started",
-            "Job {} started on {} nodes of {} (up to {} retries).",
-            job_id,
-            str(config.node_count),
-            config.cluster_name,
-            sfn.JsonPath.string_at("$.Job.MaxRetries"),
-        )
-
-        # Waiting for a full set of nodes ------------------------------------------------
-        # InService in the group means the node's bootstrap completed the launch lifecycle hook
-        # (contract C2); Healthy, that nothing asked the group to replace it.
-        read_group = t.sdk(
-            "ReadGroup",
-            "autoscaling",
-            "describeAutoScalingGroups",
-            {"AutoScalingGroupNames": [config.auto_scaling_group_name]},
-            ["*"],
-            iam_action="autoscaling:DescribeAutoScalingGroups",
-            result_selector={
-                "InService.$": (
-                    "$.AutoScalingGroups[0].Instances[?(@.LifecycleState == 'InService')]"
-                )
-            },
-            result_path="$.Group",
-        )
-        healthy = sfn.Pass(
-            self,
-            "SelectHealthy",
-            parameters={"Ids.$": "$.Group.InService[?(@.HealthStatus == 'Healthy')].InstanceId"},
-            result_path="$.Group",
-        )
-        count = sfn.Pass(
-            self,
-            "CountNodes",
-            parameters={
-                "Ids": sfn.JsonPath.list_at("$.Group.Ids"),
-                "Count": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.Group.Ids")),
-            },
-            result_path="$.Group",
-        )
-        wait_nodes = sfn.Wait(
-            self,
-            "WaitForNodes",
-            time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"),
-        )
-        addresses = t.sdk(
-            "ReadAddresses",
-            "ec2",
-            "describeInstances",
-            {"InstanceIds": sfn.JsonPath.list_at("$.Group.Ids")},
-            ["*"],
-            iam_action="ec2:DescribeInstances",
-            result_selector={
-                "Ids": sfn.JsonPath.list_at("$.Reservations[*].Instances[*].InstanceId"),
-                "Addresses": sfn.JsonPath.list_at(
-                    "$.Reservations[*].Instances[*].PrivateIpAddress"
-                ),
-            },
-            result_path="$.Nodes",
-        )
-        # ASL has no join: the host list "a,b,c" is built one address at a time.
-        first_host = sfn.Pass(
-            self,
-            "StartHostList",
-            parameters={
-                "Hosts": sfn.JsonPath.array_get_item(sfn.JsonPath.list_at("$.Nodes.Addresses"), 0),
-                "Index": 1,
-            },
-            result_path="$.Join",
-        )
-        add_host = sfn.Pass(
-            self,
-            "AddHost",
-            parameters={
-                "Hosts.$": "States.Format('{},{}', $.Join.Hosts, "
-                "States.ArrayGetItem($.Nodes.Addresses, $.Join.Index))",
-                "Index.$": "States.MathAdd($.Join.Index, 1)",
-            },
-            result_path="$.Join",
-        )
-        nodes_ready = sfn.Pass(
-            self,
-            "NodesReady",
-            parameters={
-                "Ids": sfn.JsonPath.list_at("$.Nodes.Ids"),
-                "Hosts": sfn.JsonPath.string_at("$.Join.Hosts"),
-                "Batches.$": f"States.ArrayPartition($.Nodes.Ids, {SEND_BATCH})",
-                # ListCommands' InvokedAfter takes "2024-07-07T00:00:00Z" (SSM API reference,
-                # CommandFilter): the time without its milliseconds.
-                "Since.$": "States.Format('{}-{}-{}T{}:{}:{}Z', "
-                + ", ".join(f"States.ArrayGetItem($.Since.Parts, {i})" for i in range(6))
-                + ")",
-            },
-            result_path="$.Nodes",
-        )
-        since = sfn.Pass(
-            self,
-            "NodesReadyAt",
-            parameters={"Time": sfn.JsonPath.string_at("$$.State.EnteredTime")},
-            result_path="$.Since",
-        )
-        since.next(
-            sfn.Pass(
-                self,
-                "SplitNodesReadyAt",
-                # 2026-11-23T10:00:00.123Z: 2026, 11, 23, 10, 00, 00, 123.
-                parameters={"Parts.$": "States.StringSplit($.Since.Time, '-T:.Z')"},
-                result_path="$.Since",
-            )
-        ).next(nodes_ready)
-        more_hosts = sfn.Choice(self, "MoreHosts")
-        more_hosts.when(
-            sfn.Condition.number_less_than("$.Join.Index", config.node_count), add_host
-        ).otherwise(since)
-        add_host.next(more_hosts)
-        full_set = sfn.Choice(self, "FullSet")
-        full_set.when(
-            sfn.Condition.number_equals("$.Group.Count", config.node_count), addresses
-        ).otherwise(wait_nodes)
-        count_wait = sfn.Pass(
-            self,
-            "CountNodeWait",
-            parameters={"Count.$": "States.MathAdd($.NodeWaits.Count, 1)"},
-            result_path="$.NodeWaits",
-        )
-        keep_waiting = sfn.Choice(self, "KeepWaiting")
-        wait_nodes.next(count_wait).next(keep_waiting)
-        read_group.next(healthy).next(count).next(full_set)
-        addresses.next(first_host).next(more_hosts)
-
-        # Handing the job over to a new execution (the history budget) ----------------------
-        hand_over = sfn.Pass(
-            self,
-            "HandOver",
-            comment="A new leg, a retry or a long wait for nodes: a new execution goes on.",
-            parameters={
-                "Time": sfn.JsonPath.string_at("$$.State.EnteredTime"),
-                "Carry": {
-                    "Counters": sfn.JsonPath.object_at("$.Counters"),
-                    "ContinuedFrom": sfn.JsonPath.string_at("$$.Execution.Id"),
-                },
-            },
-            result_path="$.Handover",
-        )
-        # The successor's name is the job ID and the UTC time, as the CLI names executions:
-        # 2026-11-23T10:00:00.123Z splits into 2026, 11, 23, 10, 00, 00, 123.
-        stamp = ", ".join(f"States.ArrayGetItem($.Handover.Parts, {i})" for i in range(6))
-        successor_name = sfn.Pass(
-            self,
-            "NameSuccessor",
-            parameters={
-                "Parts.$": "States.StringSplit($.Handover.Time, '-T:.Z')",
-                "Carry": sfn.JsonPath.object_at("$.Handover.Carry"),
-            },
-            result_path="$.Handover",
-        )
-        successor_input = sfn.Pass(
-            self,
-            "SuccessorInput",
-            parameters={
-                "Name.$": f"States.Format('{{}}-{{}}{{}}{{}}-{{}}{{}}{{}}', $.Job.JobId, {stamp})",
-                "Input.$": "States.JsonToString(States.JsonMerge($.Job, $.Handover.Carry, false))",
-            },
-            result_path="$.Handover",
-        )
-        start_successor = t.sdk(
-            "StartSuccessor",
-            "sfn",
-            "startExecution",
-            {
-                "StateMachineArn": sfn.JsonPath.string_at("$$.StateMachine.Id"),
-                "Name": sfn.JsonPath.string_at("$.Handover.Name"),
-                "Input": sfn.JsonPath.string_at("$.Handover.Input"),
-            },
-            [self.state_machine_arn],
-            iam_action="states:StartExecution",
-        )
-        handed_over = sfn.Pass(
-            self,
-            "HandedOver",
-            parameters={
-                "JobId": sfn.JsonPath.string_at("$.Job.JobId"),
-                "ContinuedAs": sfn.JsonPath.string_at("$.Handover.Name"),
-                "Counters": sfn.JsonPath.object_at("$.Counters"),
-            },
-        )
-        hand_over.next(successor_name).next(successor_input).next(start_successor).next(
-            handed_over
-        ).next(sfn.Succeed(self, "JobContinues"))
-        keep_waiting.when(
-            sfn.Condition.number_greater_than_equals("$.NodeWaits.Count", MAX_NODE_WAITS),
-            hand_over,
-        ).otherwise(read_group)
-
-        # Preflight and training ------------------------------------------------------------
-        preflight = run_on_every_node(
-            t,
-            "Preflight",
-            {"Port": from_job("PreflightPort")},
-            comment="{} preflight {}",
-        )
-        training = run_on_every_node(
-            t,
-            "RunTraining",
-            {name: from_job(name) for name in ("JobId", "MasterPort", "NprocPerNode", "TrainArgs")},
-            comment="{} attempt {}",
-        )
-        count_attempt = sfn.Pass(
-            self,
-            "CountAttempt",
-            parameters={
-                "Retries": sfn.JsonPath.number_at("$.Counters.Retries"),
-                "Legs": sfn.JsonPath.number_at("$.Counters.Legs"),
-                "Attempts.$": "States.MathAdd($.Counters.Attempts, 1)",
-            },
-            result_path="$.Counters",
-        )
-        nodes_ready.next(count_attempt).next(preflight.start)
-
-        finished = t.notify(
-            "NotifyFinish",
-            "finished",
-            "Job {} finished on all {} nodes after {} retries and {} legs.",
-            job_id,
-            str(config.node_count),
-            sfn.JsonPath.string_at("$.Counters.Retries"),
-            sfn.JsonPath.string_at("$.Counters.Legs"),
-        ).next(sfn.Succeed(self, "JobFinished"))
-        next_leg = sfn.Pass(
-            self,
-            "CountLeg",
-            comment="A leg that ended at its time limit: resume without spending a retry.",
-            parameters={
-                "Retries": sfn.JsonPath.number_at("$.Counters.Retries"),
-                "Legs.$": "States.MathAdd($.Counters.Legs, 1)",
-                "Attempts": sfn.JsonPath.number_at("$.Counters.Attempts"),
-            },
-            result_path="$.Counters",
-        )
-        next_leg.next(
-            t.notify(
-                "NotifyLeg",
-                "continues",
-                "Job {}: leg {} ended at its time limit and saved a checkpoint; the next leg "
-                "resumes from it (commands {}).",
-                job_id,
-                sfn.JsonPath.string_at("$.Counters.Legs"),
-                sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
-            )
-        ).next(hand_over)
-        failed = t.notify(
-            "NotifyFailure",
-            "failed",
-            "Job {} failed after {} retries (commands {}). Read the output with "
-            "`cluster.py logs --job-id {}`.",
-            job_id,
-            sfn.JsonPath.string_at("$.Counters.Retries"),
-            sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
-            job_id,
-        ).next(
-            sfn.Fail(self, "JobFailed", error="JobFailed", cause="the job's last attempt failed")
-        )
-        count_retry = sfn.Pass(
-            self,
-            "CountRetry",
-            parameters={
-                "Retries.$": "States.MathAdd($.Counters.Retries, 1)",
-                "Legs": sfn.JsonPath.number_at("$.Counters.Legs"),
-                "Attempts": sfn.JsonPath.number_at("$.Counters.Attempts"),
-            },
-            result_path="$.Counters",
-        )
-        count_retry.next(
-            t.notify(
-                "NotifyRetry",
-                "retries",
-                "Job {}: attempt failed (commands {}); retry {} of {} resumes from the latest "
-                "checkpoint once a full set of nodes passes preflight.",
-                job_id,
-                sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
-                sfn.JsonPath.string_at("$.Counters.Retries"),
-                sfn.JsonPath.string_at("$.Job.MaxRetries"),
-            )
-        ).next(
-            sfn.Wait(
-                self, "WaitBeforeRetry", time=sfn.WaitTime.seconds_path("$.Job.RetryDelaySeconds")
-            )
-        ).next(hand_over)
-        retry_left = sfn.Choice(self, "RetryLeft")
-        retry_left.when(
-            sfn.Condition.number_greater_than_equals_json_path(
-                "$.Counters.Retries", "$.Job.MaxRetries"
-            ),
-            failed,
-        ).otherwise(count_retry)
-
-        mixed_fleet = t.notify(
-            "NotifyMixedFleet",
-            "cannot run",
-            "Job {} cannot run: its nodes run different software (preflight commands {}). "
-            "Roll the fleet with `cluster.py roll --wait`, then train again with the same job "
-            "ID to resume.",
-            job_id,
-            sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds")),
-        ).next(
-            sfn.Fail(
-                self,
-                "NodesDiffer",
-                error="NodesRunDifferentSoftware",
-                cause="the nodes run different software: roll the fleet (cluster.py roll "
-                "--wait), then train again with the same job ID to resume",
-            )
-        )
-        preflight_outcome = sfn.Choice(self, "PreflightPassed")
-        preflight_outcome.when(
-            sfn.Condition.boolean_equals("$.Verdict.Roll", True), mixed_fleet
-        ).when(
-            sfn.Condition.or_(
-                sfn.Condition.boolean_equals("$.Verdict.Bad", True),
-                sfn.Condition.boolean_equals("$.Verdict.Replaced", True),
-            ),
-            retry_left,
-        ).otherwise(training.start)
-        preflight.end.next(preflight_outcome)
-
-        # Was the attempt ended by `cluster.py stop` (a StopTraining command for this job)?
-        stop_commands = t.sdk(
-            "ListStopCommands",
-            "ssm",
-            "listCommands",
-            {"Filters": sfn.JsonPath.list_at("$.StopFilters.Filters")},
-            ["*"],
-            iam_action="ssm:ListCommands",
-            result_selector={"Commands": sfn.JsonPath.list_at("$.Commands")},
-            result_path="$.Stop",
-        )
-        # ASL expands paths in objects, not in arrays: the filter list is built with
-        # States.Array from two objects.
-        stop_filter = sfn.Pass(
-            self,
-            "StopFilter",
-            parameters={
-                "Document": {"key": "DocumentName", "value": t.document_name("StopTraining")},
-                "After": {"key": "InvokedAfter", "value": sfn.JsonPath.string_at("$.Nodes.Since")},
-            },
-            result_path="$.StopFilters",
-        )
-        stop_filters = sfn.Pass(
-            self,
-            "StopFilters",
-            parameters={
-                "Filters": sfn.JsonPath.array(
-                    sfn.JsonPath.string_at("$.StopFilters.Document"),
-                    sfn.JsonPath.string_at("$.StopFilters.After"),
-                )
-            },
-            result_path="$.StopFilters",
-        )
-        stop_filter.next(stop_filters).next(stop_commands)
-        # Which job each StopTraining command was for; ASL compares two paths only in a
-        # Choice, so each command goes through one.
-        stop_for = sfn.Choice(self, "StopForThisJob")
-        stop_for.when(
-            sfn.Condition.string_equals_json_path("$.JobId", "$.Wanted"),
-            sfn.Pass(self, "ThisJob", result=sfn.Result.from_string("stop")),
-        ).otherwise(sfn.Pass(self, "OtherJob", result=sfn.Result.from_string("other")))
-        stop_jobs = sfn.Map(
-            self,
-            "StopCommandJobs",
-            items_path="$.Stop.Commands",
-            item_selector={
-                "JobId": sfn.JsonPath.string_at("$$.Map.Item.Value.Parameters.JobId[0]"),
-                "Wanted": sfn.JsonPath.string_at("$.Job.JobId"),
-            },
-            result_path="$.Stop.Matches",
-        )
-        stop_jobs.item_processor(stop_for)
-        stop_match = sfn.Pass(
-            self,
-            "StopMatched",
-            parameters={"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')"},
-            result_path="$.Stop",
-        )
-        stopped = t.notify(
-            "NotifyStopped",
-            "stopped",
-            "Job {} was stopped (StopTraining); not retrying.",
-            job_id,
-        ).next(sfn.Fail(self, "JobStopped", error="JobStopped", cause="StopTraining ended the job"))
-        was_stopped = sfn.Choice(self, "WasStopped")
-        was_stopped.when(sfn.Condition.boolean_equals("$.Stop.Stopped", True), stopped).otherwise(
-            retry_left
-        )
-        any_stop = sfn.Choice(self, "AnyStopCommand")
-        # A filter that matches nothing reads as [] in Step Functions; asked only when there is
-        # a StopTraining command at all.
-        any_stop.when(sfn.Condition.is_present("$.Stop.Commands[0]"), stop_jobs).otherwise(
-            retry_left
-        )
-        stop_commands.next(any_stop)
-        stop_jobs.next(stop_match).next(was_stopped)
-
-        training_outcome = sfn.Choice(self, "TrainingOutcome")
-        training_outcome.when(
-            sfn.Condition.boolean_equals("$.Verdict.Bad", True), stop_filter
-        ).when(sfn.Condition.boolean_equals("$.Verdict.Leg", True), next_leg).otherwise(finished)
-        training.end.next(training_outcome)
-
-        # The execution that handed a job over may still be running for a moment.
-        one_job = sfn.Choice(self, "OneJobAtATime")
-        fresh = sfn.Condition.string_equals("$.ContinuedFrom", "")
-        one_job.when(
-            sfn.Condition.or_(
-                sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
-                sfn.Condition.number_greater_than("$.Running.Count", 2),
-            ),
-            refuse,
-        ).when(fresh, notify_start).otherwise(read_group)
-        notify_start.next(read_group)
-        return with_defaults.next(defaults).next(counters).next(running).next(one_job)
 
     def _announce_ends(self) -> None:
         """Every execution that ends FAILED, TIMED_OUT or ABORTED is announced on the topic by

@@ -6,8 +6,8 @@ to its end (cancelling the rest of a batch once a node has ended and FailureGrac
 passed), and classify every invocation inside a second Map: ok, leg (RunTraining ended at its
 time limit), replaced (Preflight found a Neuron hardware error: the node is marked unhealthy),
 roll (Preflight found the nodes run different software) or bad. The last state, <Document>Verdict,
-sums the classes up in $.Verdict; $.Outcome lists the command IDs. The workflow chooses on
-$.Verdict.
+sums the classes up in $.Verdict; $.Outcome lists the command IDs. The workflow
+(stacks/supervisor_workflow.py) chooses on $.Verdict.
 """
 
 from __future__ import annotations

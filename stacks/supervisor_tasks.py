@@ -3,14 +3,20 @@
 `SupervisorTasks` holds the construct the states are made in, the cluster's settings and the
 resources they name (the SSM documents, the training log group, the topic, the state machine's
 role and ARN), and makes the kinds of task the workflow uses: an AWS SDK call that retries
-throttling and brief outages (`sdk`) and a message on the cluster's topic (`notify`); it also
-writes the ARNs the role's statements name. stacks/supervisor.py makes it.
+throttling and brief outages (`sdk`, `on_this_machine`) and a message on the cluster's topic
+(`notify`); it also writes the ARNs the role's statements name. `StatesBase` is the base of the
+classes whose properties are the states (stacks/supervisor_states.py,
+stacks/supervisor_outcomes.py); `choice`, `succeed`, `fail`, `wait` and `pass_state` declare a
+state that needs nothing but its settings as one such property. stacks/supervisor.py makes the
+SupervisorTasks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, TypeVar
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
@@ -102,6 +108,20 @@ class SupervisorTasks:
         )
         return task
 
+    def on_this_machine(
+        self, construct_id: str, action: str, parameters: dict[str, str], **kwargs: Any
+    ) -> tasks.CallAwsService:
+        """An AWS SDK call to Step Functions about this state machine (its StateMachineArn
+        first, then `parameters`); `kwargs` as for `sdk`."""
+        return self.sdk(
+            construct_id,
+            "sfn",
+            action,
+            {"StateMachineArn": sfn.JsonPath.string_at("$$.StateMachine.Id"), **parameters},
+            [self.state_machine_arn],
+            **kwargs,
+        )
+
     def notify(
         self, construct_id: str, subject: str, message: str, *values: str
     ) -> tasks.CallAwsService:
@@ -120,3 +140,81 @@ class SupervisorTasks:
             [self.topic.topic_arn],
             iam_action="sns:Publish",
         )
+
+
+class StatesBase:
+    """The base of the classes whose properties are the supervisor's states
+    (stacks/supervisor_outcomes.py, stacks/supervisor_states.py)."""
+
+    def __init__(self, t: SupervisorTasks) -> None:
+        self.t = t
+        self.scope = t.scope
+
+    def _pass(self, construct_id: str, **kwargs: Any) -> sfn.Pass:
+        return sfn.Pass(self.scope, construct_id, **kwargs)
+
+    def _add_one(self, construct_id: str, counter: str, *, comment: str | None = None) -> sfn.Pass:
+        """A Pass that adds one to $.Counters.<counter> (Retries, Legs or Attempts)."""
+        parameters: dict[str, Any] = {}
+        for name in ("Retries", "Legs", "Attempts"):
+            if name == counter:
+                parameters[f"{name}.$"] = f"States.MathAdd($.Counters.{name}, 1)"
+            else:
+                parameters[name] = sfn.JsonPath.number_at(f"$.Counters.{name}")
+        return self._pass(
+            construct_id, comment=comment, parameters=parameters, result_path="$.Counters"
+        )
+
+
+# States that need nothing but their settings, declared as properties in one line each.
+_State = TypeVar("_State", bound=sfn.State)
+
+
+def _declared(kind: Callable[[Construct, str], _State], name: str) -> cached_property[_State]:
+    def make(states: StatesBase) -> _State:
+        return kind(states.scope, name)
+
+    return cached_property(make)
+
+
+def choice(name: str) -> cached_property[sfn.Choice]:
+    """A Choice, made on first use; its rules are the workflow's."""
+    return _declared(sfn.Choice, name)
+
+
+def succeed(name: str) -> cached_property[sfn.Succeed]:
+    """A Succeed state, made on first use."""
+    return _declared(sfn.Succeed, name)
+
+
+def fail(
+    name: str, *, error: str, cause: str | None = None, cause_path: str | None = None
+) -> cached_property[sfn.Fail]:
+    """A Fail state that ends the execution with `error` and `cause` (or the input's
+    `cause_path`), made on first use."""
+    return _declared(
+        lambda scope, n: sfn.Fail(scope, n, error=error, cause=cause, cause_path=cause_path), name
+    )
+
+
+def wait(name: str, seconds_path: str) -> cached_property[sfn.Wait]:
+    """A Wait for as many seconds as the input has at `seconds_path`, made on first use."""
+    return _declared(
+        lambda scope, n: sfn.Wait(scope, n, time=sfn.WaitTime.seconds_path(seconds_path)), name
+    )
+
+
+def pass_state(
+    name: str, result_path: str, parameters: dict[str, Any]
+) -> cached_property[sfn.Pass]:
+    """A Pass that writes `parameters` (JSONPath and intrinsic functions, "Key.$") to
+    `result_path`, made on first use."""
+    return _declared(
+        lambda scope, n: sfn.Pass(scope, n, parameters=parameters, result_path=result_path), name
+    )
+
+
+def time_parts(path: str) -> str:
+    """The six fields of a time split by States.StringSplit into `path` (2026-11-23T10:00:00.123Z
+    splits into 2026, 11, 23, 10, 00, 00, 123), as States.Format arguments."""
+    return ", ".join(f"States.ArrayGetItem({path}, {i})" for i in range(6))

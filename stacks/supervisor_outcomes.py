@@ -1,0 +1,264 @@
+"""The job supervisor's states after an attempt: what each one does, made on first use.
+
+`OutcomeStates` has one property per state, named after it (`retry_left` is the state
+RetryLeft): the search for a StopTraining command, the retry and its counter, a new leg, the
+hand-over to a successor execution, and the ends of a job (finished, failed, stopped, cannot
+run) with the message each sends. Which state follows which, and every Choice's rules, are the
+workflow's (stacks/supervisor_workflow.py). SupervisorStates (stacks/supervisor_states.py)
+adds the states up to an attempt's outcome; the sections here follow the workflow's phases.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from aws_cdk import aws_stepfunctions as sfn
+
+from stacks.supervisor_tasks import StatesBase, choice, fail, pass_state, succeed, time_parts, wait
+
+
+def _command_ids() -> str:
+    """The IDs of the attempt's commands, as a string for a message."""
+    return sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds"))
+
+
+class OutcomeStates(StatesBase):
+    """The states after an attempt, each made once, when the workflow first names it."""
+
+    # The nodes run different software ------------------------------------------------------------
+    @cached_property
+    def notify_mixed_fleet(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyMixedFleet",
+            "cannot run",
+            "Job {} cannot run: its nodes run different software (preflight commands {}). "
+            "Roll the fleet with `cluster.py roll --wait`, then train again with the same job "
+            "ID to resume.",
+            self.t.job_id,
+            _command_ids(),
+        )
+
+    nodes_differ = fail(
+        "NodesDiffer",
+        error="NodesRunDifferentSoftware",
+        cause="the nodes run different software: roll the fleet (cluster.py roll "
+        "--wait), then train again with the same job ID to resume",
+    )
+
+    # The job finished ----------------------------------------------------------------------------
+    @cached_property
+    def notify_finish(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyFinish",
+            "finished",
+            "Job {} finished on all {} nodes after {} retries and {} legs.",
+            self.t.job_id,
+            str(self.t.config.node_count),
+            sfn.JsonPath.string_at("$.Counters.Retries"),
+            sfn.JsonPath.string_at("$.Counters.Legs"),
+        )
+
+    job_finished = succeed("JobFinished")
+
+    # A new leg -----------------------------------------------------------------------------------
+    @cached_property
+    def count_leg(self) -> sfn.Pass:
+        return self._add_one(
+            "CountLeg",
+            "Legs",
+            comment="A leg that ended at its time limit: resume without spending a retry.",
+        )
+
+    @cached_property
+    def notify_leg(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyLeg",
+            "continues",
+            "Job {}: leg {} ended at its time limit and saved a checkpoint; the next leg "
+            "resumes from it (commands {}).",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Counters.Legs"),
+            _command_ids(),
+        )
+
+    # Was the attempt ended by `cluster.py stop` (a StopTraining command for this job)? -----------
+    @cached_property
+    def stop_filter(self) -> sfn.Pass:
+        """The ListCommands filters' two objects (StopFilters makes the list): ASL expands paths
+        in objects, not in arrays."""
+        return self._pass(
+            "StopFilter",
+            parameters={
+                "Document": {"key": "DocumentName", "value": self.t.document_name("StopTraining")},
+                "After": {"key": "InvokedAfter", "value": sfn.JsonPath.string_at("$.Nodes.Since")},
+            },
+            result_path="$.StopFilters",
+        )
+
+    @cached_property
+    def stop_filters(self) -> sfn.Pass:
+        return self._pass(
+            "StopFilters",
+            parameters={
+                "Filters": sfn.JsonPath.array(
+                    sfn.JsonPath.string_at("$.StopFilters.Document"),
+                    sfn.JsonPath.string_at("$.StopFilters.After"),
+                )
+            },
+            result_path="$.StopFilters",
+        )
+
+    @cached_property
+    def list_stop_commands(self) -> sfn.TaskStateBase:
+        """$.Stop.Commands: the StopTraining commands sent since the nodes were ready."""
+        return self.t.sdk(
+            "ListStopCommands",
+            "ssm",
+            "listCommands",
+            {"Filters": sfn.JsonPath.list_at("$.StopFilters.Filters")},
+            ["*"],
+            iam_action="ssm:ListCommands",
+            result_selector={"Commands": sfn.JsonPath.list_at("$.Commands")},
+            result_path="$.Stop",
+        )
+
+    any_stop_command = choice("AnyStopCommand")
+
+    @cached_property
+    def stop_command_jobs(self) -> sfn.Map:
+        """$.Stop.Matches: 'stop' for each command for this job, 'other' for another job's.
+        ASL compares two paths only in a Choice, so each command goes through one."""
+        stop_for = sfn.Choice(self.scope, "StopForThisJob")
+        stop_for.when(
+            sfn.Condition.string_equals_json_path("$.JobId", "$.Wanted"),
+            self._pass("ThisJob", result=sfn.Result.from_string("stop")),
+        ).otherwise(self._pass("OtherJob", result=sfn.Result.from_string("other")))
+        stop_jobs = sfn.Map(
+            self.scope,
+            "StopCommandJobs",
+            items_path="$.Stop.Commands",
+            item_selector={
+                "JobId": sfn.JsonPath.string_at("$$.Map.Item.Value.Parameters.JobId[0]"),
+                "Wanted": self.t.job_id,
+            },
+            result_path="$.Stop.Matches",
+        )
+        stop_jobs.item_processor(stop_for)
+        return stop_jobs
+
+    stop_matched = pass_state(
+        "StopMatched", "$.Stop", {"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')"}
+    )
+
+    was_stopped = choice("WasStopped")
+
+    @cached_property
+    def notify_stopped(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyStopped",
+            "stopped",
+            "Job {} was stopped (StopTraining); not retrying.",
+            self.t.job_id,
+        )
+
+    job_stopped = fail("JobStopped", error="JobStopped", cause="StopTraining ended the job")
+
+    # A retry, or the end of the retries ----------------------------------------------------------
+    retry_left = choice("RetryLeft")
+
+    @cached_property
+    def notify_failure(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyFailure",
+            "failed",
+            "Job {} failed after {} retries (commands {}). Read the output with "
+            "`cluster.py logs --job-id {}`.",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Counters.Retries"),
+            _command_ids(),
+            self.t.job_id,
+        )
+
+    job_failed = fail("JobFailed", error="JobFailed", cause="the job's last attempt failed")
+
+    @cached_property
+    def count_retry(self) -> sfn.Pass:
+        return self._add_one("CountRetry", "Retries")
+
+    @cached_property
+    def notify_retry(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyRetry",
+            "retries",
+            "Job {}: attempt failed (commands {}); retry {} of {} resumes from the latest "
+            "checkpoint once a full set of nodes passes preflight.",
+            self.t.job_id,
+            _command_ids(),
+            sfn.JsonPath.string_at("$.Counters.Retries"),
+            sfn.JsonPath.string_at("$.Job.MaxRetries"),
+        )
+
+    wait_before_retry = wait("WaitBeforeRetry", "$.Job.RetryDelaySeconds")
+
+    # Handing the job over to a new execution (the history budget) --------------------------------
+    @cached_property
+    def hand_over(self) -> sfn.Pass:
+        return self._pass(
+            "HandOver",
+            comment="A new leg, a retry or a long wait for nodes: a new execution goes on.",
+            parameters={
+                "Time": sfn.JsonPath.string_at("$$.State.EnteredTime"),
+                "Carry": {
+                    "Counters": sfn.JsonPath.object_at("$.Counters"),
+                    "ContinuedFrom": sfn.JsonPath.string_at("$$.Execution.Id"),
+                },
+            },
+            result_path="$.Handover",
+        )
+
+    name_successor = pass_state(
+        "NameSuccessor",
+        "$.Handover",
+        {
+            "Parts.$": "States.StringSplit($.Handover.Time, '-T:.Z')",
+            "Carry.$": "$.Handover.Carry",
+        },
+    )
+    #: The successor's name is the job ID and the UTC time, as the CLI names executions; its
+    #: input, the job's settings with the counters and ContinuedFrom.
+    successor_input = pass_state(
+        "SuccessorInput",
+        "$.Handover",
+        {
+            "Name.$": "States.Format('{}-{}{}{}-{}{}{}', $.Job.JobId, "
+            + time_parts("$.Handover.Parts")
+            + ")",
+            "Input.$": "States.JsonToString(States.JsonMerge($.Job, $.Handover.Carry, false))",
+        },
+    )
+
+    @cached_property
+    def start_successor(self) -> sfn.TaskStateBase:
+        return self.t.on_this_machine(
+            "StartSuccessor",
+            "startExecution",
+            {
+                "Name": sfn.JsonPath.string_at("$.Handover.Name"),
+                "Input": sfn.JsonPath.string_at("$.Handover.Input"),
+            },
+            iam_action="states:StartExecution",
+        )
+
+    @cached_property
+    def handed_over(self) -> sfn.Pass:
+        """The execution's output: the job, the successor (ContinuedAs) and the counters."""
+        return self._pass(
+            "HandedOver",
+            parameters={
+                "JobId": self.t.job_id,
+                "ContinuedAs": sfn.JsonPath.string_at("$.Handover.Name"),
+                "Counters": sfn.JsonPath.object_at("$.Counters"),
+            },
+        )
+
+    job_continues = succeed("JobContinues")

@@ -1,0 +1,271 @@
+"""The job supervisor's states up to an attempt's outcome: what each one does, made on first use.
+
+`SupervisorStates` has one property per state, named after it (`read_group` is the state
+ReadGroup), in the order a job meets them: the job's settings and counters, the wait for a full
+set of nodes and the host list, Preflight and RunTraining. A property holds what its state
+reads and writes and the SDK call or message it makes; which state follows which, and every
+Choice's rules, are the workflow's (stacks/supervisor_workflow.py), so a Choice is made here
+with no rules and a Pass or a task with no next state. Preflight and RunTraining come from the
+building block in stacks/supervisor_run.py; the states after an attempt's outcome, from
+OutcomeStates (stacks/supervisor_outcomes.py), the base class.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from aws_cdk import aws_stepfunctions as sfn
+
+from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, SEND_BATCH
+from stacks.supervisor_outcomes import OutcomeStates
+from stacks.supervisor_run import Run, from_job, run_on_every_node
+from stacks.supervisor_tasks import choice, fail, pass_state, time_parts, wait
+
+#: What an execution's input may set, with its default (the CLI passes JobId and TrainArgs).
+JOB_DEFAULTS: dict[str, Any] = {
+    "TrainArgs": "",
+    "MasterPort": "29500",
+    "NprocPerNode": "auto",
+    "PreflightPort": "29600",
+    "MaxRetries": 2,
+    "PollSeconds": DEFAULT_POLL_SECONDS,
+    "RetryDelaySeconds": 60,
+    # How long the other nodes may run on after one node's invocation ended before the rest of
+    # the attempt is cancelled (a data-parallel job cannot go on without a rank).
+    "FailureGraceSeconds": 300,
+}
+
+
+class SupervisorStates(OutcomeStates):
+    """Every state of the job supervisor, each made once, when the workflow first names it: the
+    ones up to an attempt's outcome here, the ones after it in OutcomeStates."""
+
+    # The job: its settings, its counters, one job at a time --------------------------------------
+    @cached_property
+    def defaults(self) -> sfn.Pass:
+        # An execution that continues a job (stacks/supervisor.py) gets the counters and
+        # ContinuedFrom in its input; a new job starts them afresh.
+        return self._pass(
+            "Defaults",
+            parameters={
+                "Defaults": JOB_DEFAULTS,
+                "Fresh": {
+                    "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
+                    "ContinuedFrom": "",
+                },
+                "Input": sfn.JsonPath.object_at("$"),
+            },
+        )
+
+    @cached_property
+    def read_job(self) -> sfn.Pass:
+        merge, given = sfn.JsonPath.json_merge, sfn.JsonPath.object_at("$.Input")
+        return self._pass(
+            "ReadJob",
+            comment="The execution input over the defaults.",
+            parameters={
+                "Job": merge(sfn.JsonPath.object_at("$.Defaults"), given),
+                "Carried": merge(sfn.JsonPath.object_at("$.Fresh"), given),
+            },
+        )
+
+    @cached_property
+    def read_counters(self) -> sfn.Pass:
+        return self._pass(
+            "ReadCounters",
+            parameters={
+                "Job": sfn.JsonPath.object_at("$.Job"),
+                "Counters": sfn.JsonPath.object_at("$.Carried.Counters"),
+                "ContinuedFrom": sfn.JsonPath.string_at("$.Carried.ContinuedFrom"),
+                "NodeWaits": {"Count": 0},
+            },
+        )
+
+    @cached_property
+    def list_running_jobs(self) -> sfn.TaskStateBase:
+        """$.Running: how many executions of this state machine run, and their names."""
+        return self.t.on_this_machine(
+            "ListRunningJobs",
+            "listExecutions",
+            {"StatusFilter": "RUNNING"},
+            iam_action="states:ListExecutions",
+            result_selector={
+                "Count": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.Executions")),
+                "Names": sfn.JsonPath.list_at("$.Executions[*].Name"),
+            },
+            result_path="$.Running",
+        )
+
+    one_job_at_a_time = choice("OneJobAtATime")
+
+    @cached_property
+    def describe_refusal(self) -> sfn.Pass:
+        return self._pass(
+            "DescribeRefusal",
+            parameters={
+                "Cause": sfn.JsonPath.format(
+                    "another job runs on this cluster; one job at a time (running jobs: {})",
+                    sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Running.Names")),
+                )
+            },
+            result_path="$.Refusal",
+        )
+
+    job_refused = fail("JobRefused", error="JobAlreadyRunning", cause_path="$.Refusal.Cause")
+
+    @cached_property
+    def notify_start(self) -> sfn.TaskStateBase:
+        config = self.t.config
+        return self.t.notify(
+            "NotifyStart",
+            "started",
+            "Job {} started on {} nodes of {} (up to {} retries).",
+            self.t.job_id,
+            str(config.node_count),
+            config.cluster_name,
+            sfn.JsonPath.string_at("$.Job.MaxRetries"),
+        )
+
+    # Waiting for a full set of nodes -------------------------------------------------------------
+    @cached_property
+    def read_group(self) -> sfn.TaskStateBase:
+        """$.Group.InService: the group's InService nodes. InService means the node's bootstrap
+        completed the launch lifecycle hook (contract C2)."""
+        return self.t.sdk(
+            "ReadGroup",
+            "autoscaling",
+            "describeAutoScalingGroups",
+            {"AutoScalingGroupNames": [self.t.config.auto_scaling_group_name]},
+            ["*"],
+            iam_action="autoscaling:DescribeAutoScalingGroups",
+            result_selector={
+                "InService.$": (
+                    "$.AutoScalingGroups[0].Instances[?(@.LifecycleState == 'InService')]"
+                )
+            },
+            result_path="$.Group",
+        )
+
+    #: Healthy: nothing asked the group to replace the node.
+    select_healthy = pass_state(
+        "SelectHealthy",
+        "$.Group",
+        {"Ids.$": "$.Group.InService[?(@.HealthStatus == 'Healthy')].InstanceId"},
+    )
+
+    @cached_property
+    def count_nodes(self) -> sfn.Pass:
+        ids = sfn.JsonPath.list_at("$.Group.Ids")
+        return self._pass(
+            "CountNodes",
+            parameters={"Ids": ids, "Count": sfn.JsonPath.array_length(ids)},
+            result_path="$.Group",
+        )
+
+    full_set = choice("FullSet")
+
+    wait_for_nodes = wait("WaitForNodes", "$.Job.PollSeconds")
+
+    count_node_wait = pass_state(
+        "CountNodeWait", "$.NodeWaits", {"Count.$": "States.MathAdd($.NodeWaits.Count, 1)"}
+    )
+
+    keep_waiting = choice("KeepWaiting")
+
+    @cached_property
+    def read_addresses(self) -> sfn.TaskStateBase:
+        """$.Nodes: the nodes' instance IDs and private addresses."""
+        instances = "$.Reservations[*].Instances[*]"
+        return self.t.sdk(
+            "ReadAddresses",
+            "ec2",
+            "describeInstances",
+            {"InstanceIds": sfn.JsonPath.list_at("$.Group.Ids")},
+            ["*"],
+            iam_action="ec2:DescribeInstances",
+            result_selector={
+                "Ids": sfn.JsonPath.list_at(f"{instances}.InstanceId"),
+                "Addresses": sfn.JsonPath.list_at(f"{instances}.PrivateIpAddress"),
+            },
+            result_path="$.Nodes",
+        )
+
+    # ASL has no join: the host list "a,b,c" is built one address at a time in $.Join.
+    @cached_property
+    def start_host_list(self) -> sfn.Pass:
+        first = sfn.JsonPath.array_get_item(sfn.JsonPath.list_at("$.Nodes.Addresses"), 0)
+        return self._pass(
+            "StartHostList", parameters={"Hosts": first, "Index": 1}, result_path="$.Join"
+        )
+
+    more_hosts = choice("MoreHosts")
+
+    add_host = pass_state(
+        "AddHost",
+        "$.Join",
+        {
+            "Hosts.$": "States.Format('{},{}', $.Join.Hosts, "
+            "States.ArrayGetItem($.Nodes.Addresses, $.Join.Index))",
+            "Index.$": "States.MathAdd($.Join.Index, 1)",
+        },
+    )
+
+    @cached_property
+    def nodes_ready_at(self) -> sfn.Pass:
+        return self._pass(
+            "NodesReadyAt",
+            parameters={"Time": sfn.JsonPath.string_at("$$.State.EnteredTime")},
+            result_path="$.Since",
+        )
+
+    #: 2026-11-23T10:00:00.123Z: 2026, 11, 23, 10, 00, 00, 123.
+    split_nodes_ready_at = pass_state(
+        "SplitNodesReadyAt", "$.Since", {"Parts.$": "States.StringSplit($.Since.Time, '-T:.Z')"}
+    )
+
+    @cached_property
+    def nodes_ready(self) -> sfn.Pass:
+        """$.Nodes: the IDs, the host list, the batches of SendCommand and the time they were
+        ready (from which a StopTraining command counts)."""
+        return self._pass(
+            "NodesReady",
+            parameters={
+                "Ids": sfn.JsonPath.list_at("$.Nodes.Ids"),
+                "Hosts": sfn.JsonPath.string_at("$.Join.Hosts"),
+                "Batches.$": f"States.ArrayPartition($.Nodes.Ids, {SEND_BATCH})",
+                # ListCommands' InvokedAfter takes "2024-07-07T00:00:00Z" (SSM API reference,
+                # CommandFilter): the time without its milliseconds.
+                "Since.$": "States.Format('{}-{}-{}T{}:{}:{}Z', "
+                + time_parts("$.Since.Parts")
+                + ")",
+            },
+            result_path="$.Nodes",
+        )
+
+    # An attempt: preflight, then training --------------------------------------------------------
+    @cached_property
+    def count_attempt(self) -> sfn.Pass:
+        return self._add_one("CountAttempt", "Attempts")
+
+    @cached_property
+    def preflight(self) -> Run:
+        return run_on_every_node(
+            self.t,
+            "Preflight",
+            {"Port": from_job("PreflightPort")},
+            comment="{} preflight {}",
+        )
+
+    preflight_passed = choice("PreflightPassed")
+
+    @cached_property
+    def run_training(self) -> Run:
+        return run_on_every_node(
+            self.t,
+            "RunTraining",
+            {name: from_job(name) for name in ("JobId", "MasterPort", "NprocPerNode", "TrainArgs")},
+            comment="{} attempt {}",
+        )
+
+    training_outcome = choice("TrainingOutcome")

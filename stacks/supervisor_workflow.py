@@ -1,0 +1,176 @@
+"""The job supervisor's workflow: its states in the order a job meets them, and the rules that
+choose between them. What each state does is in stacks/supervisor_states.py and
+stacks/supervisor_outcomes.py (one property per state, named after it); the state machine
+around it is stacks/supervisor.py.
+
+    Defaults → ReadJob → ReadCounters → ListRunningJobs → OneJobAtATime
+    OneJobAtATime   another job runs → DescribeRefusal → JobRefused (fails)
+                    a new job → NotifyStart → ReadGroup; a continued job → ReadGroup
+    ReadGroup → SelectHealthy → CountNodes → FullSet
+    FullSet         all nodes InService and Healthy → ReadAddresses
+                    otherwise → WaitForNodes → CountNodeWait → KeepWaiting
+    KeepWaiting     MAX_NODE_WAITS polls → HandOver; otherwise → ReadGroup
+    ReadAddresses → StartHostList → MoreHosts ⇄ AddHost;
+                    MoreHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
+    NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
+    PreflightPassed a mixed fleet → NotifyMixedFleet → NodesDiffer (fails)
+                    a bad or replaced node → RetryLeft
+                    otherwise → RunTraining (RunTrainingBatches … RunTrainingVerdict)
+                    → TrainingOutcome
+    TrainingOutcome a bad node → StopFilter → StopFilters → ListStopCommands → AnyStopCommand
+                    a leg end → CountLeg → NotifyLeg → HandOver
+                    otherwise → NotifyFinish → JobFinished (succeeds)
+    AnyStopCommand  some → StopCommandJobs → StopMatched → WasStopped; none → RetryLeft
+    WasStopped      this job's → NotifyStopped → JobStopped (fails); otherwise → RetryLeft
+    RetryLeft       none left → NotifyFailure → JobFailed (fails)
+                    otherwise → CountRetry → NotifyRetry → WaitBeforeRetry → HandOver
+    HandOver → NameSuccessor → SuccessorInput → StartSuccessor → HandedOver
+             → JobContinues (succeeds; the successor execution goes on with the job)
+
+A Choice tries its rules in order: a failure outranks a leg end (a retry, not a new leg), and a
+mixed fleet outranks a replaced node (the job ends rather than retry on nodes that differ).
+
+Below, one function per phase joins its states and gives its Choices their rules, written in
+the order above: start_the_job, wait_for_nodes, run_an_attempt (the Preflight and RunTraining
+outcomes: a mixed fleet, a replaced node), after_a_leg_end, after_a_failure (the stop check,
+the retry and the job's failure) and hand_over. A new state is a property of SupervisorStates
+(or of OutcomeStates, after an attempt's outcome) joined in one of them.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import aws_stepfunctions as sfn
+
+from stacks.supervisor_limits import MAX_NODE_WAITS
+from stacks.supervisor_states import SupervisorStates
+
+
+def definition(s: SupervisorStates, *, node_count: int) -> sfn.IChainable:
+    """The whole workflow, joined phase by phase; returns its first state."""
+    # aws-cdk-lib lists the states by walking from the first one, taking a state's predecessors
+    # (in the order they were joined to it) before its successors. So the order of these calls,
+    # and of the joins within them, fixes the order of the states in the definition string,
+    # though not what they do; it is kept as deployed (tests/test_stacks_snapshots.py):
+    # ReadGroup is joined from KeepWaiting before the job's start, HandOver from a leg end
+    # before a retry, MoreHosts from AddHost before StartHostList, RetryLeft from WasStopped
+    # before AnyStopCommand.
+    wait_for_nodes(s, node_count=node_count)
+    first = start_the_job(s)
+    run_an_attempt(s)
+    after_a_leg_end(s)
+    after_a_failure(s)
+    hand_over(s)
+    return first
+
+
+def start_the_job(s: SupervisorStates) -> sfn.IChainable:
+    """The job's settings over the defaults, its counters, and one job at a time per cluster:
+    a second job is refused rather than queued (a queued job would hold an execution, and its
+    history, for as long as the running one trains)."""
+    first = (
+        s.defaults.next(s.read_job)
+        .next(s.read_counters)
+        .next(s.list_running_jobs)
+        .next(s.one_job_at_a_time)
+    )
+    fresh = sfn.Condition.string_equals("$.ContinuedFrom", "")
+    s.one_job_at_a_time.when(
+        # The execution that handed a job over may still be running for a moment.
+        sfn.Condition.or_(
+            sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
+            sfn.Condition.number_greater_than("$.Running.Count", 2),
+        ),
+        s.describe_refusal,
+    ).when(fresh, s.notify_start).otherwise(s.read_group)
+    s.describe_refusal.next(s.job_refused)
+    s.notify_start.next(s.read_group)
+    return first
+
+
+def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
+    """Poll the group until `node_count` nodes are InService and Healthy, then build the host
+    list; after MAX_NODE_WAITS polls a successor execution waits on."""
+    s.read_group.next(s.select_healthy).next(s.count_nodes).next(s.full_set)
+    s.full_set.when(
+        sfn.Condition.number_equals("$.Group.Count", node_count), s.read_addresses
+    ).otherwise(s.wait_for_nodes)
+    s.wait_for_nodes.next(s.count_node_wait).next(s.keep_waiting)
+    s.keep_waiting.when(
+        sfn.Condition.number_greater_than_equals("$.NodeWaits.Count", MAX_NODE_WAITS),
+        s.hand_over,
+    ).otherwise(s.read_group)
+
+    # The host list "a,b,c", one address at a time (ASL has no join): the loop, then its entry.
+    s.more_hosts.when(
+        sfn.Condition.number_less_than("$.Join.Index", node_count), s.add_host
+    ).otherwise(s.nodes_ready_at)
+    s.add_host.next(s.more_hosts)
+    s.read_addresses.next(s.start_host_list).next(s.more_hosts)
+    s.nodes_ready_at.next(s.split_nodes_ready_at).next(s.nodes_ready)
+
+
+def run_an_attempt(s: SupervisorStates) -> None:
+    """Preflight on every node, then RunTraining on every node, and what their verdicts lead to:
+    a mixed fleet ends the job, a bad or replaced node is a failure, a bad training node is
+    a failure (unless the job was stopped), every node at its time limit is a leg end, and
+    every node done is the job finished."""
+    s.nodes_ready.next(s.count_attempt).next(s.preflight.start)
+    s.preflight.end.next(s.preflight_passed)
+    s.preflight_passed.when(
+        sfn.Condition.boolean_equals("$.Verdict.Roll", True), s.notify_mixed_fleet
+    ).when(
+        sfn.Condition.or_(
+            sfn.Condition.boolean_equals("$.Verdict.Bad", True),
+            sfn.Condition.boolean_equals("$.Verdict.Replaced", True),
+        ),
+        s.retry_left,
+    ).otherwise(s.run_training.start)
+    s.notify_mixed_fleet.next(s.nodes_differ)
+
+    s.run_training.end.next(s.training_outcome)
+    s.training_outcome.when(
+        sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.stop_filter
+    ).when(sfn.Condition.boolean_equals("$.Verdict.Leg", True), s.count_leg).otherwise(
+        s.notify_finish
+    )
+    s.notify_finish.next(s.job_finished)
+
+
+def after_a_leg_end(s: SupervisorStates) -> None:
+    """Every node ended its leg at the time limit with a checkpoint: the next leg resumes from
+    it without spending a retry."""
+    s.count_leg.next(s.notify_leg).next(s.hand_over)
+
+
+def after_a_failure(s: SupervisorStates) -> None:
+    """A failed training attempt: was it `cluster.py stop` (a StopTraining command for this job
+    since the nodes were ready)? Then the job ends, not retried. Otherwise, and after a failed
+    preflight, a retry with resume while MaxRetries allows, then the job fails."""
+    s.stop_filter.next(s.stop_filters).next(s.list_stop_commands).next(s.any_stop_command)
+    s.stop_command_jobs.next(s.stop_matched).next(s.was_stopped)
+    s.was_stopped.when(
+        sfn.Condition.boolean_equals("$.Stop.Stopped", True), s.notify_stopped
+    ).otherwise(s.retry_left)
+    s.notify_stopped.next(s.job_stopped)
+    # A filter that matches nothing reads as [] in Step Functions; StopCommandJobs is asked
+    # only when there is a StopTraining command at all.
+    s.any_stop_command.when(
+        sfn.Condition.is_present("$.Stop.Commands[0]"), s.stop_command_jobs
+    ).otherwise(s.retry_left)
+
+    s.retry_left.when(
+        sfn.Condition.number_greater_than_equals_json_path(
+            "$.Counters.Retries", "$.Job.MaxRetries"
+        ),
+        s.notify_failure,
+    ).otherwise(s.count_retry)
+    s.notify_failure.next(s.job_failed)
+    s.count_retry.next(s.notify_retry).next(s.wait_before_retry).next(s.hand_over)
+
+
+def hand_over(s: SupervisorStates) -> None:
+    """A new leg, a retry or a long wait for nodes: this execution starts its successor with the
+    job's settings and counters and ends (the history budget, stacks/supervisor.py)."""
+    s.hand_over.next(s.name_successor).next(s.successor_input).next(s.start_successor).next(
+        s.handed_over
+    ).next(s.job_continues)
