@@ -33,7 +33,7 @@ $(STAMP): requirements.txt requirements-dev.txt workload/requirements.txt packag
 	touch $@
 
 # golang-go: the SSM agent checks document parameters with Go's regexp; the tests and the
-# rehearsal's Run Command stand-in use the same package (scripts/cluster_lib/ssm_agent).
+# rehearsal's Run Command stand-in use the same package (scripts/rehearsal/ssm_agent).
 system-deps:  ## Install the Debian tools the checks use (shellcheck, iproute2, golang-go, procps) if missing
 	@missing=""; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \

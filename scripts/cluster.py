@@ -353,7 +353,7 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
 
 
 def cmd_rehearse(args: argparse.Namespace, train_args: list[str]) -> int:
-    from scripts.cluster_lib.rehearsal import rehearse
+    from scripts.rehearsal.runner import rehearse
 
     rehearse(
         args.nodes, args.output, args.job_id, train_args, mode=args.mode,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib.documents import load
-from scripts.cluster_lib.ssm_agent import substitute
+from scripts.rehearsal.ssm_agent import substitute
 from stacks.supervisor import ROLL_FLEET_STATUS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -23,8 +23,9 @@ import pytest
 
 from scripts.cluster import main as cluster_main
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib.localcloud import job_processes, local_cloud
-from scripts.cluster_lib.rehearsal import NetnsHosts, Rehearsal, RunningCommand
+from scripts.rehearsal.aws_stand_in import local_cloud
+from scripts.rehearsal.direct import Rehearsal, RunningCommand
+from scripts.rehearsal.hosts import NetnsHosts, job_processes
 from workload.stop import HOLD_VARIABLE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -304,7 +305,7 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
     moto's interpreter, through the Run Command stand-in) retries, the job resumes from its
     checkpoint and finishes, and `cluster.py jobs` reports it."""
     import scripts.cluster as cli
-    from scripts.cluster_lib.local_supervisor import local_supervisor
+    from scripts.rehearsal.supervisor import local_supervisor
 
     cluster_name, template = operations
     job = "unattended"
@@ -371,7 +372,7 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
     --follow` and `stop` as an operator types them: stop ends the job's execution (no retry
     follows) and every process of the job on every node; the follower ends with the
     command."""
-    from scripts.cluster_lib.local_supervisor import local_supervisor
+    from scripts.rehearsal.supervisor import local_supervisor
 
     cluster_name, template = operations
     job = "stopme"
@@ -458,7 +459,7 @@ def test_a_fleet_that_runs_different_software_ends_the_job_at_once(
     cluster_name, template = operations
     job = "mixed"
     args = train_args(sample_data, "--max-steps", "10")
-    from scripts.cluster_lib.local_supervisor import local_supervisor
+    from scripts.rehearsal.supervisor import local_supervisor
 
     with stand_in(tmp_path, cluster_name=cluster_name) as cloud, local_supervisor(cloud, template):
         odd = cloud.running()[1]

@@ -1,7 +1,7 @@
 """The SSM Command documents: the contract the operations stack and the CLI rely on, and
 the allowed patterns that keep shell metacharacters away from the node scripts.
 
-Patterns are checked with Go's own regexp package (scripts/cluster_lib/ssm_agent/
+Patterns are checked with Go's own regexp package (scripts/rehearsal/ssm_agent/
 paramcheck.go, the calls the SSM agent makes), not only with Python's `re`: Go refuses
 repeat counts above 1000, nested counts multiplied, where Python accepts them."""
 
@@ -17,7 +17,7 @@ import yaml
 
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.documents import DOCUMENT_NAMES, Parameter, load
-from scripts.cluster_lib.ssm_agent import go_check, substitute
+from scripts.rehearsal.ssm_agent import go_check, substitute
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = REPO_ROOT / "stacks" / "ssm_documents"

@@ -6,7 +6,7 @@ and tracing, no Lambda function, only AWS SDK integrations, and a role that may 
 those, on this cluster's resources only. The rehearsal tests execute the synthesized definition
 itself with moto's Amazon States Language interpreter; every SDK call it makes (SSM, Auto
 Scaling, EC2, SNS) is answered by the local Run Command stand-in
-(scripts/cluster_lib/localcloud.py), whose nodes run the real SSM documents, so the workflow
+(scripts/rehearsal/aws_stand_in.py), whose nodes run the real SSM documents, so the workflow
 drives a real two-node job: preflight, a cancelled node, the retry that resumes, a leg that ends
 at its time limit and the next leg.
 """
@@ -28,8 +28,8 @@ import pytest
 
 from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
-from scripts.cluster_lib.local_supervisor import definition as machine_definition
-from scripts.cluster_lib.local_supervisor import local_supervisor
+from scripts.rehearsal.supervisor import definition as machine_definition
+from scripts.rehearsal.supervisor import local_supervisor
 from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
     EVENTS_PER_NODE_WAIT,
@@ -329,7 +329,7 @@ def test_the_operations_template_with_the_supervisor_lints_clean(default: Synth)
 
 class Supervisor:
     """The synthesized state machine in moto's ASL interpreter, its SDK calls answered by
-    the Run Command stand-in (scripts/cluster_lib/local_supervisor.py, as the rehearsal
+    the Run Command stand-in (scripts/rehearsal/supervisor.py, as the rehearsal
     runs it)."""
 
     def __init__(self, cloud: Any, arn: str) -> None:

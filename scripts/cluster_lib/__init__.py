@@ -1,4 +1,7 @@
-"""The operator CLI's parts: SSM documents, the AWS side of `cluster.py`, the local rehearsal."""
+"""The operator CLI's parts: one module per thing it talks to (see cluster.py for the map).
+
+The local rehearsal, which stands in for AWS, is scripts/rehearsal; nothing here imports it.
+"""
 
 from __future__ import annotations
 

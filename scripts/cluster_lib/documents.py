@@ -4,7 +4,7 @@ The operations stack deploys these files; the CLI reads the same files to check 
 values against each document's allowedPattern (and minChars/maxChars) before sending
 anything, so a bad value gets a one-line error here instead of a failed invocation on every
 node. The agent matches with Go's regexp `MatchString`, unanchored (see
-scripts/cluster_lib/ssm_agent/): `re.search` is the same call for the patterns the documents
+scripts/rehearsal/ssm_agent/): `re.search` is the same call for the patterns the documents
 use, every one of which is anchored and checked against Go by tests/test_ssm_documents.py.
 """
 

@@ -3,7 +3,7 @@
 The operations stack's synthesized definition (stacks/supervisor.py) runs in moto's Amazon
 States Language interpreter (`execute_state_machine`, moto/stepfunctions/responses.py). Every
 AWS SDK call it makes to SSM, Auto Scaling, EC2 and SNS goes to the local Run Command stand-in
-(scripts/cluster_lib/localcloud.py), whose nodes run the real SSM documents; its
+(aws_stand_in.py), whose nodes run the real SSM documents; its
 ListExecutions call stays with moto. The CLI's own Step Functions calls (StartExecution,
 DescribeExecution, GetExecutionHistory, StopExecution) reach moto too, so `cluster.py train`
 drives the same definition that AWS runs, differing only in who delivers the commands.
@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib import REPO_ROOT, ClusterError
 from scripts.cluster_lib.documents import DOCUMENT_NAMES
+from scripts.rehearsal.aws_stand_in import LocalCloud
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"
 
 
@@ -82,7 +82,7 @@ def definition(template: dict[str, Any], refs: dict[str, str]) -> dict[str, Any]
     return parsed
 
 
-def stand_in_refs(template: dict[str, Any], cloud: Any, region: str) -> dict[str, str]:
+def stand_in_refs(template: dict[str, Any], cloud: LocalCloud, region: str) -> dict[str, str]:
     """What the definition's references resolve to against the stand-in."""
     outputs = cloud.stack_outputs()
     refs = {"AWS::Partition": "aws", "AWS::Region": region, "AWS::AccountId": ACCOUNT}
@@ -124,7 +124,7 @@ class SfnAsSdkIntegration:
 
 
 @contextlib.contextmanager
-def local_supervisor(cloud: Any, template: dict[str, Any]) -> Iterator[str]:
+def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[str]:
     """moto's Step Functions, with the interpreter on, holding the operations stack's state
     machine; the stand-in's stack outputs gain JobStateMachineArn. Yields the machine's ARN."""
     try:

@@ -1,12 +1,12 @@
 """The local Run Command stand-in's node agent: one per rehearsal node.
 
 Runs inside the node's network namespace and a mount namespace of its own (started by
-scripts/cluster_lib/localcloud.py), where it first lays out the node's file system like the
+instances.py), where it first lays out the node's file system like the
 Neuron DLAMI's (overlays on /etc, /opt, /var and /usr/local, so that the fake Neuron and EFA
 tools sit at /opt/aws/neuron/bin and /opt/amazon/efa/bin, the venv at
 /opt/aws_neuronx_venv_pytorch_2_9 and the node scripts at /opt/trainium-cluster), then runs
 the commands the host drops into its spool folder the way the SSM agent runs an
-aws:runShellScript step (see scripts/cluster_lib/ssm_agent/__init__.py for the sources):
+aws:runShellScript step (see ssm_agent/__init__.py beside this file for the sources):
 
 - the step's commands go into `_script.sh`, run as `sh _script.sh` in the agent's
   environment only (nothing of this process's environment leaks in), in a process group

@@ -1,0 +1,315 @@
+"""A local stand-in for the AWS side of a cluster, for the rehearsal and its tests.
+
+The operator CLI's own code (scripts/cluster_lib/: `Cluster` and `Jobs`: `train`, `preflight`,
+`stop`, `logs`) runs against real botocore clients whose calls are answered here instead of
+by AWS: a `before-call` handler returns the response, after botocore has validated the
+request against the service model, so paginators, waiters of our own and error handling all
+run as they do against AWS. Behind the calls stand rehearsal nodes (network namespaces,
+instances.py) with a node agent each (node_agent.py) that runs the real SSM documents,
+parameters checked with Go's regexp and substituted as the SSM agent does, commands run with
+`sh` in the agent's environment, SIGKILL to the process group on cancel and on
+executionTimeout, output capped at 24,000 characters. The rehearsal differs from AWS only in
+how commands are delivered.
+
+Served here: CloudFormation DescribeStacks; EC2 DescribeInstances; Auto Scaling
+DescribeAutoScalingGroups, DescribeInstanceRefreshes, SetInstanceHealth (an Unhealthy node is
+replaced); SNS Publish (kept in `notifications`). Served by the parts beside this file: SSM
+SendCommand, ListCommands, ListCommandInvocations, GetCommandInvocation, CancelCommand,
+DescribeInstanceInformation (ssm_stand_in.py); CloudWatch Logs DescribeLogStreams,
+GetLogEvents, FilterLogEvents (logs_stand_in.py). Step Functions calls pass through to moto,
+where the job supervisor's state machine runs (supervisor.py). Any other call fails with a
+clear error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.clients import Clients
+from scripts.cluster_lib.documents import DOCUMENT_NAMES, load
+from scripts.cluster_lib.outputs import EXPORT_OUTPUTS, REQUIRED_OUTPUTS
+from scripts.rehearsal.hosts import NetnsHosts
+from scripts.rehearsal.instances import (
+    IMAGE_ID,
+    INSTANCE_TYPE,
+    REGION,
+    ZONE,
+    Instance,
+    Instances,
+    now,
+)
+from scripts.rehearsal.logs_stand_in import LogsStandIn
+from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
+
+#: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
+#: moto's, with its ASL interpreter (supervisor.py).
+PASSED_THROUGH = {"stepfunctions"}
+TAG_KEY = "trainium-cluster:cluster"
+ROLE_TAG = "trainium-cluster:role"
+LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"
+
+
+class LocalCloud:
+    """The cluster's AWS side on this machine; `clients()` gives the CLI its boto3 clients."""
+
+    def __init__(
+        self,
+        hosts: NetnsHosts,
+        output: Path,
+        *,
+        cluster_name: str = "rehearsal",
+        cores_per_node: int = 1,
+        node_settings: dict[str, str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        self.hosts = hosts
+        self.output = output.resolve()
+        self.cluster_name = cluster_name
+        self.jobs = self.output / "jobs"
+        self.jobs.mkdir(parents=True, exist_ok=True)
+        documents = {f"{cluster_name}-{name}": load(name) for name in DOCUMENT_NAMES}
+        self.health_reports: list[tuple[str, str]] = []
+        self.notifications: list[dict[str, str]] = []
+        #: Outputs added to the operations stack's, e.g. the local job supervisor's ARN.
+        self.extra_outputs: dict[str, str] = {}
+        self.region = REGION
+        self.calls: list[str] = []
+        #: One counter of IDs for the instances and the commands.
+        ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.instances = Instances(
+            hosts, self.output, ids, cluster_name=cluster_name, cores_per_node=cores_per_node,
+            node_settings=node_settings or {}, python=python,
+        )  # fmt: skip
+        self.software_version = self.instances.software_version
+        self.ssm = SsmStandIn(self.instances, documents, ids)
+        self.commands = self.ssm.commands
+        self.logs = LogsStandIn(self.ssm)
+        #: Who answers each service's calls (its methods `_<service>_<Operation>`); this
+        #: object answers the services not named here.
+        self._services: dict[str, object] = {"ssm": self.ssm, "logs": self.logs}
+
+    def close(self) -> None:
+        self.instances.close()
+
+    def __enter__(self) -> LocalCloud:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def group_name(self) -> str:
+        """The Auto Scaling group's name, as the stacks name it (ClusterConfig)."""
+        return f"{self.cluster_name}-workers"
+
+    def running(self) -> list[Instance]:
+        return self.instances.running()
+
+    def cancel(self, command_id: str, instance_id: str) -> None:
+        """What the console's Cancel command does, for one node."""
+        with self._lock:
+            self.ssm.cancel(command_id, instance_id)
+
+    # --------------------------------------------------------------- clients
+    def session(self) -> Any:
+        """A boto3 Session whose clients this stand-in answers (for `cluster.main(session=)`)."""
+        import boto3
+
+        session = boto3.Session(
+            aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal", region_name=REGION
+        )
+        session.events.register("before-parameter-build.*.*", self._keep_params)
+        session.events.register("before-call.*.*", self._answer)
+        return session
+
+    def clients(self) -> Clients:
+        """The CLI's Clients, built by its own factory, answered by this stand-in."""
+        return Clients.from_session(self.session())
+
+    @staticmethod
+    def _keep_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["local_params"] = dict(params)
+
+    def _answer(self, model: Any, context: dict[str, Any], **_: Any) -> tuple[Any, dict[str, Any]]:
+        from botocore.awsrequest import AWSResponse
+
+        service = model.service_model.service_name
+        if service in PASSED_THROUGH:
+            return None  # type: ignore[return-value]
+        operation = model.name
+        params = context.get("local_params", {})
+        self.calls.append(f"{service}.{operation}")
+        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
+            self._services.get(service, self), f"_{service.replace('-', '_')}_{operation}", None
+        )
+        metadata = {"RequestId": "rehearsal", "HTTPStatusCode": 200, "HTTPHeaders": {}}
+        try:
+            if handler is None:
+                raise LocalError(
+                    "UnsupportedOperation",
+                    f"the local stand-in does not serve {service} {operation}",
+                )
+            with self._lock:
+                body = handler(params)
+        except LocalError as error:
+            metadata["HTTPStatusCode"] = error.status
+            parsed = {
+                "Error": {"Code": error.code, "Message": error.message},
+                "ResponseMetadata": metadata,
+            }
+            return AWSResponse("https://rehearsal.local", error.status, {}, None), parsed
+        body["ResponseMetadata"] = metadata
+        return AWSResponse("https://rehearsal.local", 200, {}, None), body
+
+    # ------------------------------------------------------------ CloudFormation
+    def stack_outputs(self) -> dict[str, str]:
+        values = {
+            "ClusterName": self.cluster_name,
+            "ClusterTagKey": TAG_KEY,
+            "NodeCount": str(self.hosts.count),
+            "InstanceType": INSTANCE_TYPE,
+            "AutoScalingGroupName": self.group_name,
+            "TrainingLogGroupName": f"/trainium-cluster/{self.cluster_name}/training",
+            "FileSystemId": "fs-0000000rehearsal",
+            "ExportPaths": "/jobs",
+        }
+        for name in DOCUMENT_NAMES:
+            values[f"{name}DocumentName"] = f"{self.cluster_name}-{name}"
+        for key in (*REQUIRED_OUTPUTS, *EXPORT_OUTPUTS):
+            values.setdefault(key, f"rehearsal-{key}")
+        values.update(self.extra_outputs)
+        return values
+
+    def _cloudformation_DescribeStacks(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = params.get("StackName", "")
+        if name != f"{self.cluster_name}-operations":
+            raise LocalError("ValidationError", f"Stack with id {name} does not exist")
+        outputs = [{"OutputKey": k, "OutputValue": v} for k, v in self.stack_outputs().items()]
+        return {
+            "Stacks": [
+                {
+                    "StackName": name,
+                    "StackStatus": "CREATE_COMPLETE",
+                    "CreationTime": now(),
+                    "Outputs": outputs,
+                }
+            ]
+        }
+
+    # ------------------------------------------------------------------- EC2
+    def _ec2_DescribeInstances(self, params: dict[str, Any]) -> dict[str, Any]:
+        filters = {f["Name"]: set(f["Values"]) for f in params.get("Filters", [])}
+        wanted_ids = set(params.get("InstanceIds", []))
+        found = []
+        for instance in self.instances.instances:
+            tags = {
+                TAG_KEY: self.cluster_name,
+                ROLE_TAG: "worker",
+                LAUNCH_TEMPLATE_VERSION_TAG: "1",
+                "aws:autoscaling:groupName": self.group_name,
+            }
+            state = instance.state
+            if wanted_ids and instance.instance_id not in wanted_ids:
+                continue
+            if "instance-state-name" in filters and state not in filters["instance-state-name"]:
+                continue
+            if any(
+                name.startswith("tag:") and tags.get(name[4:]) not in values
+                for name, values in filters.items()
+            ):
+                continue
+            found.append(
+                {
+                    "InstanceId": instance.instance_id,
+                    "InstanceType": INSTANCE_TYPE,
+                    "ImageId": IMAGE_ID,
+                    "PrivateIpAddress": instance.address,
+                    "Placement": {"AvailabilityZone": ZONE},
+                    "State": {"Name": state},
+                    "LaunchTime": instance.launched,
+                    "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
+                }
+            )
+        return {"Reservations": [{"Instances": found}] if found else []}
+
+    # ---------------------------------------------------------- Auto Scaling
+    def _autoscaling_DescribeAutoScalingGroups(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = self.group_name
+        template = {"LaunchTemplateName": f"{self.cluster_name}-node", "Version": "1"}
+        names = params.get("AutoScalingGroupNames") or [name]
+        if name not in names:
+            return {"AutoScalingGroups": []}
+        return {
+            "AutoScalingGroups": [
+                {
+                    "AutoScalingGroupName": name,
+                    "MinSize": self.hosts.count,
+                    "MaxSize": self.hosts.count,
+                    "DesiredCapacity": self.hosts.count,
+                    "DefaultCooldown": 300,
+                    "AvailabilityZones": [ZONE],
+                    "HealthCheckType": "EC2",
+                    "CreatedTime": now(),
+                    "LaunchTemplate": template,
+                    "Instances": [
+                        {
+                            "InstanceId": i.instance_id,
+                            "AvailabilityZone": ZONE,
+                            "LifecycleState": "InService",
+                            "HealthStatus": i.health,
+                            "ProtectedFromScaleIn": False,
+                            "LaunchTemplate": template,
+                        }
+                        for i in self.running()
+                    ],
+                }
+            ]
+        }
+
+    def _autoscaling_DescribeInstanceRefreshes(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"InstanceRefreshes": []}
+
+    def _autoscaling_SetInstanceHealth(self, params: dict[str, Any]) -> dict[str, Any]:
+        instance = self.instances.instance(params["InstanceId"])
+        if instance is None or instance.state != "running":
+            raise LocalError("ValidationError", f"Instance Id not found - {params['InstanceId']}")
+        self.health_reports.append((instance.instance_id, params["HealthStatus"]))
+        if params["HealthStatus"] == "Unhealthy":
+            # The group terminates the node and launches a replacement in its place.
+            self.instances.replace(instance)
+        return {}
+
+    # ------------------------------------------------------------------- SNS
+    def _sns_Publish(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.notifications.append(
+            {
+                "TopicArn": params.get("TopicArn", ""),
+                "Subject": params.get("Subject", ""),
+                "Message": params["Message"],
+            }
+        )
+        return {"MessageId": f"{len(self.notifications):08x}-0000-4000-8000-000000000000"}
+
+
+@contextlib.contextmanager
+def local_cloud(nodes: int, output: Path, **options: Any) -> Iterator[LocalCloud]:
+    """Network namespaces for the nodes and the stand-in behind them; removed afterwards."""
+    if not NetnsHosts.available() or shutil.which("unshare") is None:
+        raise ClusterError(
+            "the Run Command stand-in needs root, iproute2 and util-linux (ip, unshare)"
+        )
+    hosts = NetnsHosts(nodes)
+    try:
+        with LocalCloud(hosts, output, **options) as cloud:
+            yield cloud
+    finally:
+        hosts.close()
