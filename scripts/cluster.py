@@ -18,6 +18,11 @@ as an execution of the stack's job supervisor (a Step Functions state machine), 
 the nodes, runs preflight, retries and resumes in AWS: Ctrl-C or a closed terminal only stops
 following it. `rehearse` needs no
 AWS: it runs the same node scripts on local network namespaces (or loopback addresses).
+
+This file is the command line: the parser, the dispatch and what each command prints. What the
+commands do is in scripts/cluster_lib (a map of its modules heads scripts/cluster_lib/cluster.py),
+what they check in their arguments in scripts/cluster_lib/arguments.py; `rehearse` is
+scripts/rehearsal/runner.py.
 """
 
 from __future__ import annotations

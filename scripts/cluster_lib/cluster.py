@@ -2,6 +2,8 @@
 
 Each part is a module of its own and talks to the AWS services it names:
 
+- arguments.py: what the CLI checks in its arguments before any AWS call (no AWS);
+- documents.py: the SSM documents in stacks/ssm_documents/, their parameter checks (no AWS);
 - clients.py: the boto3 clients, AWS errors as one line, `Patience` (polling, riding out
   throttling and time-outs);
 - outputs.py: the operations stack's outputs (CloudFormation);
