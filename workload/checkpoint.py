@@ -132,11 +132,12 @@ def model_state_cpu(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _fsync_tree(directory: Path) -> None:
     for path in sorted(directory.rglob("*"), reverse=True):
-        _fsync(path)
-    _fsync(directory)
+        fsync_path(path)
+    fsync_path(directory)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file or directory to disk (a rename is durable once its directory is)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -176,7 +177,7 @@ def save_checkpoint(
             (tmp / CONFIG_FILE).write_text(yaml.safe_dump(dict(config), sort_keys=False))
         _fsync_tree(tmp)
         tmp.rename(final)
-        _fsync(final.parent)
+        fsync_path(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workload.checkpoint import fsync_path
 from workload.data import DataError, RawSplit
 
 log = logging.getLogger(__name__)
@@ -68,14 +69,6 @@ def choose_cache_root(data_dir: Path, cache_dir: str, output: Path) -> Path:
 
 def split_cache_dir(cache_root: Path, split: str, key: str) -> Path:
     return cache_root / f"{split}-{key}"
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_token_cache(
@@ -136,15 +129,15 @@ def write_token_cache(
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         for child in tmp.iterdir():
-            _fsync(child)
-        _fsync(tmp)
+            fsync_path(child)
+        fsync_path(tmp)
         try:
             tmp.rename(target)
         except OSError:
             if not target.is_dir():  # not a lost race with another node writing the same cache
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-        _fsync(target.parent)
+        fsync_path(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
