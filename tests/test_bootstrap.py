@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_launch_scripts import NODE, FakeNode, healthy_trainium
+from tests.node_support import NODE, FakeNode
+from tests.test_preflight import healthy_trainium
 
 INSTANCE_STORE = "Amazon EC2 NVMe Instance Storage"
 FSX_DEVICE = "fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef"

@@ -1,180 +1,34 @@
-"""The node scripts (scripts/node/*.sh) run here against fake node tools.
+"""The node scripts (scripts/node/*.sh) but preflight, against fake node tools.
 
-Each test builds a fake node in a temporary directory: a bin/ folder that stands in for
-ip, neuron-ls, fi_info, torchrun, mount, systemctl, ... (they record how they were called)
-and a cluster.env, ready marker and log folder redirected through TRAINIUM_* variables.
-The scripts themselves run unmodified, the SSM documents' command lines included.
+The fake node is tests/node_support.py; preflight's tests are tests/test_preflight.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shlex
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scripts.cluster_lib.documents import load
-from scripts.rehearsal.ssm_agent import substitute
-from stacks.supervisor import ROLL_FLEET_STATUS
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NODE = REPO_ROOT / "scripts" / "node"
-LOG_LINE = re.compile(r"^\[(\w+) \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] (.*)$")
-
-FAKE_IP = """#!/usr/bin/env bash
-# ip -o -4 addr show, as on a node with one ENI
-if [[ "$*" == "-o -4 addr show" ]]; then
-  echo "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever"
-  echo "2: ens5    inet ${FAKE_ADDRESS:-10.1.0.12}/24 brd 10.1.0.255 scope global ens5"
-  exit 0
-fi
-exec /usr/sbin/ip "$@"
-"""
-
-# Records its arguments and environment; the collective check prints what the real one would.
-FAKE_TORCHRUN = """#!/usr/bin/env bash
-printf '%s\\n' "$@" > "$FAKE_DIR/torchrun.args"
-env > "$FAKE_DIR/torchrun.env"
-if [[ "$*" == *collective_check.py* ]]; then
-  echo '{"event": "collective", "backend": "gloo", "world_size": 2}'
-fi
-echo "fake torchrun on rank $4"
-exit "${FAKE_TORCHRUN_EXIT:-0}"
-"""
-
-# Like the real tool, it warns on stderr while printing the JSON on stdout.
-FAKE_NEURON_LS = """#!/usr/bin/env bash
-[[ "$1" == -j ]] || exit 2
-echo "WARNING: neuron-ls could not read the instance type from IMDS" >&2
-cat "$FAKE_DIR/neuron-ls.json"
-"""
-
-RECORDER = """#!/usr/bin/env bash
-echo "$(basename "$0") $*" >> "$FAKE_DIR/calls.log"
-"""
-
-
-def trainium_devices(count: int = 16, cores: int = 2, busy: bool = False) -> list[dict[str, Any]]:
-    processes = [{"pid": 4242, "command": "python train.py"}] if busy else []
-    return [
-        {"neuron_device": i, "bdf": f"{i:02x}:1e.0", "nc_count": cores,
-         "memory_size": 34359738368, "neuron_processes": processes}
-        for i in range(count)
-    ]  # fmt: skip
-
-
-class FakeNode:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.bin = root / "bin"
-        self.bin.mkdir()
-        self.state = root / "state"
-        self.logs = root / "log"
-        self.fsx = root / "fsx"
-        self.workload = root / "workload"
-        self.workload.mkdir()
-        (self.workload / "train.py").write_text("raise SystemExit('not run by these tests')\n")
-        self.env_file = root / "cluster.env"
-        self.tool("ip", FAKE_IP)
-        self.tool("torchrun", FAKE_TORCHRUN)
-        self.settings: dict[str, str] = {
-            "CLUSTER_NAME": "trainium",
-            "INSTANCE_TYPE": "trn1.32xlarge",
-            "NODE_COUNT": "2",
-            "FSX_MOUNT_POINT": str(self.fsx),
-            "COMPILE_CACHE_URL": "s3://cache-bucket/neuron-compile-cache/",
-            "WORKLOAD_DIR": str(self.workload),
-            "NEURON_VENV": str(root / "no-venv"),
-        }
-        self.write_env()
-        self.ready()
-
-    def write_env(self) -> None:
-        lines = (f"{key}={shlex.quote(value)}\n" for key, value in self.settings.items())
-        self.env_file.write_text("".join(lines))
-
-    def ready(self) -> None:
-        self.state.mkdir(exist_ok=True)
-        (self.state / "ready").write_text("ready 2026-01-01T00:00:00Z, bootstrap took 90 s\n")
-
-    def tool(self, name: str, script: str = RECORDER) -> None:
-        path = self.bin / name
-        path.write_text(script)
-        path.chmod(0o755)
-
-    def trainium(self, devices: list[dict[str, Any]] | None = None) -> None:
-        (self.root / "neuron-ls.json").write_text(json.dumps(devices or trainium_devices()))
-        self.tool("neuron-ls", FAKE_NEURON_LS)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        keep = ("HOME", "LANG", "TMPDIR")
-        env = {k: v for k, v in os.environ.items() if k in keep}
-        env.update(
-            PATH=f"{self.bin}:/usr/bin:/bin:/usr/sbin:/sbin",
-            FAKE_DIR=str(self.root),
-            TRAINIUM_CLUSTER_ENV=str(self.env_file),
-            TRAINIUM_STATE_DIR=str(self.state),
-            TRAINIUM_LOG_DIR=str(self.logs),
-        )
-        env.update(extra)
-        return env
-
-    def run(self, script: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["bash", str(NODE / script), *args],
-            capture_output=True, text=True, env=self.env(**extra), timeout=120, check=False,
-        )  # fmt: skip
-
-    def run_document(
-        self, name: str, values: dict[str, str], **extra: str
-    ) -> subprocess.CompletedProcess[str]:
-        """Runs a document's command line the way SSM does: defaults filled in, placeholders
-        replaced, through `sh`, with the scripts at /opt/trainium-cluster (here: the
-        repository)."""
-        document = load(name)
-        defaults = {k: p.default for k, p in document.parameters.items() if p.default is not None}
-        command = substitute(document.run_command[0], {**defaults, **values})
-        command = command.replace("/opt/trainium-cluster", str(REPO_ROOT))
-        return subprocess.run(
-            ["sh", "-c", command], capture_output=True, text=True, env=self.env(**extra),
-            timeout=120, check=False,
-        )  # fmt: skip
-
-    def torchrun_args(self) -> list[str]:
-        return (self.root / "torchrun.args").read_text().splitlines()
-
-    def torchrun_env(self) -> dict[str, str]:
-        lines = (self.root / "torchrun.env").read_text().splitlines()
-        return dict(line.split("=", 1) for line in lines if "=" in line)
-
-    def calls(self) -> list[str]:
-        path = self.root / "calls.log"
-        return path.read_text().splitlines() if path.exists() else []
+from tests.node_support import (
+    NODE,
+    REPO_ROOT,
+    FakeNode,
+    errors,
+    free_port,
+    real_torchrun,
+    trainium_devices,
+)
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> FakeNode:
     return FakeNode(tmp_path)
-
-
-def errors(result: subprocess.CompletedProcess[str]) -> list[str]:
-    """The `error:` lines a script logged."""
-    found = []
-    for line in (result.stderr + result.stdout).splitlines():
-        match = LOG_LINE.match(line)
-        if match and match.group(2).startswith("error: "):
-            found.append(match.group(2).removeprefix("error: "))
-    return found
 
 
 # --------------------------------------------------------------------------- shellcheck
@@ -366,36 +220,6 @@ def test_launch_refuses_a_node_whose_bootstrap_has_not_finished(node: FakeNode) 
 # A worker for the real torchrun (torch 2.9 starts each worker with start_new_session=True,
 # torch/distributed/elastic/multiprocessing/subprocess_handler): it reports its PID, and on
 # SIGTERM does what workload/train.py does (save, exit 0) after a short "save".
-WORKER = """
-import os, signal, sys, time
-out = os.environ["WORKER_DIR"]
-open(os.path.join(out, f"worker-{os.getpid()}.pid"), "w").close()
-def term(signum, frame):
-    time.sleep(0.5)
-    open(os.path.join(out, "saved"), "w").write(str(os.getpid()))
-    sys.exit(0)
-signal.signal(signal.SIGTERM, term)
-while True:
-    time.sleep(0.2)
-"""
-
-
-def real_torchrun(node: FakeNode) -> dict[str, str]:
-    """The node with the project's own torchrun and a worker script as train.py."""
-    (node.bin / "torchrun").unlink()
-    (node.workload / "train.py").write_text(WORKER)
-    venv_bin = Path(sys.executable).parent
-    path = f"{node.bin}:{venv_bin}:/usr/bin:/bin:/usr/sbin:/sbin"
-    return {"PATH": path, "WORKER_DIR": str(node.root)}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def worker_pids(node: FakeNode) -> list[int]:
     return [int(p.stem.split("-")[1]) for p in node.root.glob("worker-*.pid")]
 
@@ -551,174 +375,6 @@ def test_stop_document_runs_stop(node: FakeNode) -> None:
     result = node.run_document("StopTraining", {"JobId": "nothing-running"})
     assert result.returncode == 0, result.stderr
     assert "job nothing-running has no running processes on this node" in result.stderr
-
-
-# ---------------------------------------------------------------------------- preflight
-def healthy_trainium(node: FakeNode) -> None:
-    node.trainium()
-    node.tool("lsmod", "#!/usr/bin/env bash\necho 'neuron 462848 0'\n")
-    node.tool("dmesg", "#!/usr/bin/env bash\necho '[ 1.0] neuron: driver loaded'\n")
-    node.tool(
-        "fi_info",
-        "#!/usr/bin/env bash\n"
-        "for i in 0 1; do echo 'provider: efa'; echo \"    domain: rdmap${i}-rdm\"; done\n",
-    )
-    # The operation comes first (NCCOM-TEST user guide); the fake refuses anything else.
-    node.tool(
-        "nccom-test",
-        '#!/usr/bin/env bash\necho "$*" >> "$FAKE_DIR/nccom.log"\n'
-        'case $1 in allr|allg|redsct|sendrecv|alltoall) ;; *) echo "unknown operation $1" >&2;'
-        " exit 2;; esac\n"
-        "echo 'Avg bus bandwidth: 40.1GB/s'\n",
-    )
-
-
-def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
-    healthy_trainium(node)
-    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
-    node.write_env()
-    (node.root / "node.env").write_text(
-        "AMI_ID=ami-0123456789abcdef0\nLAUNCH_TEMPLATE_VERSION=7\nSOFTWARE_VERSION=5f0e2d9c1a7b3e44\n"
-    )
-    result = node.run_document(
-        "Preflight", {"Hosts": "10.1.0.12,10.1.0.40", "Port": "29600"},
-        TRAINIUM_NODE_ENV=str(node.root / "node.env"),
-    )  # fmt: skip
-    output = result.stderr
-    assert result.returncode == 0, output
-    for check in (
-        "ready",
-        "neuron-driver",
-        "neuron",
-        "neuron-hardware",
-        "efa",
-        "jobs-root",
-        "collective",
-        "nccom-local",
-    ):
-        assert re.search(rf"\] PASS {check}: ", output), f"no PASS {check}: {output}"
-    assert "nccom-multinode" not in output
-    assert "PASS neuron: 16 Neuron devices, 32 NeuronCores, all idle" in output
-    assert (node.root / "nccom.log").read_text().startswith("allr -r 32 -b 8 -e 1MB")
-    assert result.stdout.splitlines()[0] == (
-        "node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
-        "ami=ami-0123456789abcdef0"
-    )
-    args = node.torchrun_args()
-    assert args[:10] == [
-        "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.1.0.12", "--master_port",
-        "29600", "--nproc_per_node", "32",
-    ]  # fmt: skip
-    assert node.torchrun_env()["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:29601"
-
-
-def test_preflight_reports_busy_cores_and_a_hardware_fault(node: FakeNode) -> None:
-    healthy_trainium(node)
-    node.trainium(trainium_devices(busy=True))
-    node.tool(
-        "dmesg",
-        "#!/usr/bin/env bash\necho '[ 9.0] NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR "
-        "instance-id=i-1 action=TERMINATE_INSTANCE'\n",
-    )
-    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
-    assert result.returncode == 3, result.stderr
-    assert "FAIL neuron: NeuronCores are in use by processes 4242" in result.stderr
-    assert "FAIL neuron-hardware: kernel log reports NEURON_HW_ERR" in result.stderr
-    assert "replace this node: it reports a Neuron hardware error" in result.stderr
-
-
-def test_preflight_fails_without_efa_or_fsx_or_collective(node: FakeNode) -> None:
-    healthy_trainium(node)
-    node.tool(
-        "fi_info", "#!/usr/bin/env bash\necho 'fi_getinfo: -61 (No data available)'\nexit 1\n"
-    )
-    node.settings["FSX_DNS_NAME"] = "fs-1.fsx.us-east-1.amazonaws.com"
-    node.write_env()
-    node.tool("mountpoint", "#!/usr/bin/env bash\nexit 1\n")
-    result = node.run("preflight.sh", "--hosts", "10.1.0.12,10.1.0.40", "--min-free-gb", "0",
-                      FAKE_TORCHRUN_EXIT="1")  # fmt: skip
-    assert result.returncode == 1
-    assert "FAIL efa: fi_info -p efa found no EFA provider" in result.stderr
-    assert (
-        f"FAIL fsx: {node.fsx} is not mounted (FSx for Lustre fs-1.fsx.us-east-1.amazonaws.com)"
-        in result.stderr
-    )
-    assert "FAIL collective: all-reduce across 2 nodes failed (status 1)" in result.stderr
-    assert "preflight FAILED on 10.1.0.12: efa fsx collective" in result.stderr
-
-
-def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: FakeNode) -> None:
-    (node.state / "ready").unlink()
-    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--wait-ready", "0",
-                      "--nproc-per-node", "1", "--min-free-gb", "0")  # fmt: skip
-    assert result.returncode == 1
-    assert "FAIL ready: bootstrap has not finished after 0 s" in result.stderr
-
-
-def preflight_on_two_nodes(
-    node: FakeNode, versions: tuple[str | None, str | None]
-) -> list[subprocess.CompletedProcess[str]]:
-    """preflight.sh on two loopback nodes at once, with the project's own torchrun running
-    collective_check.py for real (gloo); each node's node.env carries its SOFTWARE_VERSION
-    (None: no node.env, as on nodes older than the variables)."""
-    healthy_trainium(node)
-    env = real_torchrun(node)
-    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
-    node.write_env()
-    hosts, port = ("127.0.0.1", "127.0.0.2"), str(free_port())
-    runs = []
-    for address, version in zip(hosts, versions, strict=True):
-        node_env = node.root / f"node-{address}.env"
-        if version is not None:
-            node_env.write_text(
-                f"AMI_ID=ami-0123456789abcdef0\nLAUNCH_TEMPLATE_VERSION=7\nSOFTWARE_VERSION={version}\n"
-            )
-        command = [
-            "bash", str(NODE / "preflight.sh"), "--hosts", ",".join(hosts), "--port", port,
-            "--node-address", address, "--nproc-per-node", "1",
-        ]  # fmt: skip
-        runs.append(subprocess.Popen(
-            command, env=node.env(**env, TRAINIUM_NODE_ENV=str(node_env)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))  # fmt: skip
-    results = []
-    for run in runs:
-        stdout, stderr = run.communicate(timeout=180)
-        results.append(subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr))
-    return results
-
-
-def test_preflight_fails_where_the_nodes_run_different_software(node: FakeNode) -> None:
-    """The supervisor only sees exit codes: the nodes themselves must refuse a mixed fleet,
-    with status 4, which the supervisor ends the job on (stacks/supervisor.py
-    ROLL_FLEET_STATUS): not 3 (no node is to be replaced: the fleet is to be rolled), not 1
-    (a retry on the same nodes would fail the same way)."""
-    results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "0badc0ffee000001"))
-    expected = (
-        "FAIL node-software: the nodes run different software: node 0 (127.0.0.1) runs "
-        "version=5f0e2d9c1a7b3e44 launch-template-version=7 ami=ami-0123456789abcdef0; "
-        "node 1 (127.0.0.2) runs version=0badc0ffee000001 launch-template-version=7 "
-        "ami=ami-0123456789abcdef0: roll the fleet so that every node runs the current "
-        "launch template (python scripts/cluster.py roll, see the README)"
-    )
-    for address, result in zip(("127.0.0.1", "127.0.0.2"), results, strict=True):
-        assert result.returncode == ROLL_FLEET_STATUS == 4, result.stderr
-        lines = [m.group(2) for m in map(LOG_LINE.match, result.stderr.splitlines()) if m]
-        verdicts = [line for line in lines if re.match(r"(PASS|FAIL) node-software: ", line)]
-        assert verdicts == [expected], result.stderr
-        assert "collective" not in "".join(lines), "no all-reduce runs on a mixed fleet"
-        assert f"preflight FAILED on {address}: node-software" in result.stderr
-
-
-def test_preflight_passes_where_the_nodes_run_the_same_software(node: FakeNode) -> None:
-    results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "5f0e2d9c1a7b3e44"))
-    for result in results:
-        assert result.returncode == 0, result.stderr
-        assert (
-            "PASS node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
-            "ami=ami-0123456789abcdef0 on all 2 nodes"
-        ) in result.stderr
-        assert "PASS collective: all-reduce across 2 nodes x 1 processes" in result.stderr
 
 
 # --------------------------------------------------------------------------- precompile

@@ -1,0 +1,196 @@
+"""A fake node for the node scripts' tests (scripts/node/*.sh).
+
+Each test builds a fake node in a temporary directory: a bin/ folder that stands in for
+ip, neuron-ls, fi_info, torchrun, mount, systemctl, ... (they record how they were called)
+and a cluster.env, ready marker and log folder redirected through TRAINIUM_* variables.
+The scripts themselves run unmodified, the SSM documents' command lines included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from scripts.cluster_lib.documents import load
+from scripts.rehearsal.ssm_agent import substitute
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NODE = REPO_ROOT / "scripts" / "node"
+LOG_LINE = re.compile(r"^\[(\w+) \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] (.*)$")
+
+FAKE_IP = """#!/usr/bin/env bash
+# ip -o -4 addr show, as on a node with one ENI
+if [[ "$*" == "-o -4 addr show" ]]; then
+  echo "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever"
+  echo "2: ens5    inet ${FAKE_ADDRESS:-10.1.0.12}/24 brd 10.1.0.255 scope global ens5"
+  exit 0
+fi
+exec /usr/sbin/ip "$@"
+"""
+
+# Records its arguments and environment; the collective check prints what the real one would.
+FAKE_TORCHRUN = """#!/usr/bin/env bash
+printf '%s\\n' "$@" > "$FAKE_DIR/torchrun.args"
+env > "$FAKE_DIR/torchrun.env"
+if [[ "$*" == *collective_check.py* ]]; then
+  echo '{"event": "collective", "backend": "gloo", "world_size": 2}'
+fi
+echo "fake torchrun on rank $4"
+exit "${FAKE_TORCHRUN_EXIT:-0}"
+"""
+
+# Like the real tool, it warns on stderr while printing the JSON on stdout.
+FAKE_NEURON_LS = """#!/usr/bin/env bash
+[[ "$1" == -j ]] || exit 2
+echo "WARNING: neuron-ls could not read the instance type from IMDS" >&2
+cat "$FAKE_DIR/neuron-ls.json"
+"""
+
+RECORDER = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >> "$FAKE_DIR/calls.log"
+"""
+
+
+def trainium_devices(count: int = 16, cores: int = 2, busy: bool = False) -> list[dict[str, Any]]:
+    processes = [{"pid": 4242, "command": "python train.py"}] if busy else []
+    return [
+        {"neuron_device": i, "bdf": f"{i:02x}:1e.0", "nc_count": cores,
+         "memory_size": 34359738368, "neuron_processes": processes}
+        for i in range(count)
+    ]  # fmt: skip
+
+
+class FakeNode:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.state = root / "state"
+        self.logs = root / "log"
+        self.fsx = root / "fsx"
+        self.workload = root / "workload"
+        self.workload.mkdir()
+        (self.workload / "train.py").write_text("raise SystemExit('not run by these tests')\n")
+        self.env_file = root / "cluster.env"
+        self.tool("ip", FAKE_IP)
+        self.tool("torchrun", FAKE_TORCHRUN)
+        self.settings: dict[str, str] = {
+            "CLUSTER_NAME": "trainium",
+            "INSTANCE_TYPE": "trn1.32xlarge",
+            "NODE_COUNT": "2",
+            "FSX_MOUNT_POINT": str(self.fsx),
+            "COMPILE_CACHE_URL": "s3://cache-bucket/neuron-compile-cache/",
+            "WORKLOAD_DIR": str(self.workload),
+            "NEURON_VENV": str(root / "no-venv"),
+        }
+        self.write_env()
+        self.ready()
+
+    def write_env(self) -> None:
+        lines = (f"{key}={shlex.quote(value)}\n" for key, value in self.settings.items())
+        self.env_file.write_text("".join(lines))
+
+    def ready(self) -> None:
+        self.state.mkdir(exist_ok=True)
+        (self.state / "ready").write_text("ready 2026-01-01T00:00:00Z, bootstrap took 90 s\n")
+
+    def tool(self, name: str, script: str = RECORDER) -> None:
+        path = self.bin / name
+        path.write_text(script)
+        path.chmod(0o755)
+
+    def trainium(self, devices: list[dict[str, Any]] | None = None) -> None:
+        (self.root / "neuron-ls.json").write_text(json.dumps(devices or trainium_devices()))
+        self.tool("neuron-ls", FAKE_NEURON_LS)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        keep = ("HOME", "LANG", "TMPDIR")
+        env = {k: v for k, v in os.environ.items() if k in keep}
+        env.update(
+            PATH=f"{self.bin}:/usr/bin:/bin:/usr/sbin:/sbin",
+            FAKE_DIR=str(self.root),
+            TRAINIUM_CLUSTER_ENV=str(self.env_file),
+            TRAINIUM_STATE_DIR=str(self.state),
+            TRAINIUM_LOG_DIR=str(self.logs),
+        )
+        env.update(extra)
+        return env
+
+    def run(self, script: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(NODE / script), *args],
+            capture_output=True, text=True, env=self.env(**extra), timeout=120, check=False,
+        )  # fmt: skip
+
+    def run_document(
+        self, name: str, values: dict[str, str], **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs a document's command line the way SSM does: defaults filled in, placeholders
+        replaced, through `sh`, with the scripts at /opt/trainium-cluster (here: the
+        repository)."""
+        document = load(name)
+        defaults = {k: p.default for k, p in document.parameters.items() if p.default is not None}
+        command = substitute(document.run_command[0], {**defaults, **values})
+        command = command.replace("/opt/trainium-cluster", str(REPO_ROOT))
+        return subprocess.run(
+            ["sh", "-c", command], capture_output=True, text=True, env=self.env(**extra),
+            timeout=120, check=False,
+        )  # fmt: skip
+
+    def torchrun_args(self) -> list[str]:
+        return (self.root / "torchrun.args").read_text().splitlines()
+
+    def torchrun_env(self) -> dict[str, str]:
+        lines = (self.root / "torchrun.env").read_text().splitlines()
+        return dict(line.split("=", 1) for line in lines if "=" in line)
+
+    def calls(self) -> list[str]:
+        path = self.root / "calls.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+def errors(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The `error:` lines a script logged."""
+    found = []
+    for line in (result.stderr + result.stdout).splitlines():
+        match = LOG_LINE.match(line)
+        if match and match.group(2).startswith("error: "):
+            found.append(match.group(2).removeprefix("error: "))
+    return found
+
+
+WORKER = """
+import os, signal, sys, time
+out = os.environ["WORKER_DIR"]
+open(os.path.join(out, f"worker-{os.getpid()}.pid"), "w").close()
+def term(signum, frame):
+    time.sleep(0.5)
+    open(os.path.join(out, "saved"), "w").write(str(os.getpid()))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def real_torchrun(node: FakeNode) -> dict[str, str]:
+    """The node with the project's own torchrun and a worker script as train.py."""
+    (node.bin / "torchrun").unlink()
+    (node.workload / "train.py").write_text(WORKER)
+    venv_bin = Path(sys.executable).parent
+    path = f"{node.bin}:{venv_bin}:/usr/bin:/bin:/usr/sbin:/sbin"
+    return {"PATH": path, "WORKER_DIR": str(node.root)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

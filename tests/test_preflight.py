@@ -1,0 +1,195 @@
+"""preflight.sh, the checks a node passes before a job, against fake node tools.
+
+The fake node is tests/node_support.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stacks.supervisor import ROLL_FLEET_STATUS
+from tests.node_support import (
+    LOG_LINE,
+    NODE,
+    FakeNode,
+    free_port,
+    real_torchrun,
+    trainium_devices,
+)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> FakeNode:
+    return FakeNode(tmp_path)
+
+
+# ---------------------------------------------------------------------------- preflight
+def healthy_trainium(node: FakeNode) -> None:
+    node.trainium()
+    node.tool("lsmod", "#!/usr/bin/env bash\necho 'neuron 462848 0'\n")
+    node.tool("dmesg", "#!/usr/bin/env bash\necho '[ 1.0] neuron: driver loaded'\n")
+    node.tool(
+        "fi_info",
+        "#!/usr/bin/env bash\n"
+        "for i in 0 1; do echo 'provider: efa'; echo \"    domain: rdmap${i}-rdm\"; done\n",
+    )
+    # The operation comes first (NCCOM-TEST user guide); the fake refuses anything else.
+    node.tool(
+        "nccom-test",
+        '#!/usr/bin/env bash\necho "$*" >> "$FAKE_DIR/nccom.log"\n'
+        'case $1 in allr|allg|redsct|sendrecv|alltoall) ;; *) echo "unknown operation $1" >&2;'
+        " exit 2;; esac\n"
+        "echo 'Avg bus bandwidth: 40.1GB/s'\n",
+    )
+
+
+def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
+    healthy_trainium(node)
+    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
+    node.write_env()
+    (node.root / "node.env").write_text(
+        "AMI_ID=ami-0123456789abcdef0\nLAUNCH_TEMPLATE_VERSION=7\nSOFTWARE_VERSION=5f0e2d9c1a7b3e44\n"
+    )
+    result = node.run_document(
+        "Preflight", {"Hosts": "10.1.0.12,10.1.0.40", "Port": "29600"},
+        TRAINIUM_NODE_ENV=str(node.root / "node.env"),
+    )  # fmt: skip
+    output = result.stderr
+    assert result.returncode == 0, output
+    for check in (
+        "ready",
+        "neuron-driver",
+        "neuron",
+        "neuron-hardware",
+        "efa",
+        "jobs-root",
+        "collective",
+        "nccom-local",
+    ):
+        assert re.search(rf"\] PASS {check}: ", output), f"no PASS {check}: {output}"
+    assert "nccom-multinode" not in output
+    assert "PASS neuron: 16 Neuron devices, 32 NeuronCores, all idle" in output
+    assert (node.root / "nccom.log").read_text().startswith("allr -r 32 -b 8 -e 1MB")
+    assert result.stdout.splitlines()[0] == (
+        "node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
+        "ami=ami-0123456789abcdef0"
+    )
+    args = node.torchrun_args()
+    assert args[:10] == [
+        "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.1.0.12", "--master_port",
+        "29600", "--nproc_per_node", "32",
+    ]  # fmt: skip
+    assert node.torchrun_env()["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:29601"
+
+
+def test_preflight_reports_busy_cores_and_a_hardware_fault(node: FakeNode) -> None:
+    healthy_trainium(node)
+    node.trainium(trainium_devices(busy=True))
+    node.tool(
+        "dmesg",
+        "#!/usr/bin/env bash\necho '[ 9.0] NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR "
+        "instance-id=i-1 action=TERMINATE_INSTANCE'\n",
+    )
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
+    assert result.returncode == 3, result.stderr
+    assert "FAIL neuron: NeuronCores are in use by processes 4242" in result.stderr
+    assert "FAIL neuron-hardware: kernel log reports NEURON_HW_ERR" in result.stderr
+    assert "replace this node: it reports a Neuron hardware error" in result.stderr
+
+
+def test_preflight_fails_without_efa_or_fsx_or_collective(node: FakeNode) -> None:
+    healthy_trainium(node)
+    node.tool(
+        "fi_info", "#!/usr/bin/env bash\necho 'fi_getinfo: -61 (No data available)'\nexit 1\n"
+    )
+    node.settings["FSX_DNS_NAME"] = "fs-1.fsx.us-east-1.amazonaws.com"
+    node.write_env()
+    node.tool("mountpoint", "#!/usr/bin/env bash\nexit 1\n")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12,10.1.0.40", "--min-free-gb", "0",
+                      FAKE_TORCHRUN_EXIT="1")  # fmt: skip
+    assert result.returncode == 1
+    assert "FAIL efa: fi_info -p efa found no EFA provider" in result.stderr
+    assert (
+        f"FAIL fsx: {node.fsx} is not mounted (FSx for Lustre fs-1.fsx.us-east-1.amazonaws.com)"
+        in result.stderr
+    )
+    assert "FAIL collective: all-reduce across 2 nodes failed (status 1)" in result.stderr
+    assert "preflight FAILED on 10.1.0.12: efa fsx collective" in result.stderr
+
+
+def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: FakeNode) -> None:
+    (node.state / "ready").unlink()
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--wait-ready", "0",
+                      "--nproc-per-node", "1", "--min-free-gb", "0")  # fmt: skip
+    assert result.returncode == 1
+    assert "FAIL ready: bootstrap has not finished after 0 s" in result.stderr
+
+
+def preflight_on_two_nodes(
+    node: FakeNode, versions: tuple[str | None, str | None]
+) -> list[subprocess.CompletedProcess[str]]:
+    """preflight.sh on two loopback nodes at once, with the project's own torchrun running
+    collective_check.py for real (gloo); each node's node.env carries its SOFTWARE_VERSION
+    (None: no node.env, as on nodes older than the variables)."""
+    healthy_trainium(node)
+    env = real_torchrun(node)
+    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
+    node.write_env()
+    hosts, port = ("127.0.0.1", "127.0.0.2"), str(free_port())
+    runs = []
+    for address, version in zip(hosts, versions, strict=True):
+        node_env = node.root / f"node-{address}.env"
+        if version is not None:
+            node_env.write_text(
+                f"AMI_ID=ami-0123456789abcdef0\nLAUNCH_TEMPLATE_VERSION=7\nSOFTWARE_VERSION={version}\n"
+            )
+        command = [
+            "bash", str(NODE / "preflight.sh"), "--hosts", ",".join(hosts), "--port", port,
+            "--node-address", address, "--nproc-per-node", "1",
+        ]  # fmt: skip
+        runs.append(subprocess.Popen(
+            command, env=node.env(**env, TRAINIUM_NODE_ENV=str(node_env)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+    results = []
+    for run in runs:
+        stdout, stderr = run.communicate(timeout=180)
+        results.append(subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr))
+    return results
+
+
+def test_preflight_fails_where_the_nodes_run_different_software(node: FakeNode) -> None:
+    """The supervisor only sees exit codes: the nodes themselves must refuse a mixed fleet,
+    with status 4, which the supervisor ends the job on (stacks/supervisor.py
+    ROLL_FLEET_STATUS): not 3 (no node is to be replaced: the fleet is to be rolled), not 1
+    (a retry on the same nodes would fail the same way)."""
+    results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "0badc0ffee000001"))
+    expected = (
+        "FAIL node-software: the nodes run different software: node 0 (127.0.0.1) runs "
+        "version=5f0e2d9c1a7b3e44 launch-template-version=7 ami=ami-0123456789abcdef0; "
+        "node 1 (127.0.0.2) runs version=0badc0ffee000001 launch-template-version=7 "
+        "ami=ami-0123456789abcdef0: roll the fleet so that every node runs the current "
+        "launch template (python scripts/cluster.py roll, see the README)"
+    )
+    for address, result in zip(("127.0.0.1", "127.0.0.2"), results, strict=True):
+        assert result.returncode == ROLL_FLEET_STATUS == 4, result.stderr
+        lines = [m.group(2) for m in map(LOG_LINE.match, result.stderr.splitlines()) if m]
+        verdicts = [line for line in lines if re.match(r"(PASS|FAIL) node-software: ", line)]
+        assert verdicts == [expected], result.stderr
+        assert "collective" not in "".join(lines), "no all-reduce runs on a mixed fleet"
+        assert f"preflight FAILED on {address}: node-software" in result.stderr
+
+
+def test_preflight_passes_where_the_nodes_run_the_same_software(node: FakeNode) -> None:
+    results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "5f0e2d9c1a7b3e44"))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert (
+            "PASS node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
+            "ami=ami-0123456789abcdef0 on all 2 nodes"
+        ) in result.stderr
+        assert "PASS collective: all-reduce across 2 nodes x 1 processes" in result.stderr
