@@ -194,7 +194,7 @@ class SsmStandIn:
                 continue
             if instance.state != "running":
                 continue
-            env = agent_environment(instance.instance_id, REGION)
+            env = agent_environment(instance.instance_id, REGION, command_id=command_id)
             spec = {"id": invocation.key, "script": script, "env": env, "timeout": timeout,
                     "dir": str(folder)}  # fmt: skip
             commands = instance.spool / "commands"
