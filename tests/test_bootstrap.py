@@ -103,6 +103,11 @@ operation: No active Lifecycle Action found with instance ID ${FAKE_INSTANCE:-}"
       exit 254
     fi
     touch "$FAKE_DIR/lifecycle-done" ;;
+  *set-instance-health*)
+    if [[ -n ${FAKE_HEALTH_ERROR:-} ]]; then
+      echo "$FAKE_HEALTH_ERROR" >&2
+      exit 254
+    fi ;;
 esac
 """
 FAKE_MODINFO = """#!/usr/bin/env bash
@@ -805,6 +810,56 @@ def test_bootstrap_failure_names_the_phase_and_line_and_leaves_no_ready_marker(
         r"'modprobe neuron' failed with status 1 at bootstrap.sh line \d+ \(phase neuron\)", failed
     )
     assert failed.split(" ", 1)[1].strip() in result.stdout
+
+
+def test_a_bootstrap_that_fails_on_a_later_boot_gets_the_node_replaced(node: FakeNode) -> None:
+    """After a reboot there is no launch to abandon and the EC2 status checks pass: bootstrap
+    marks the instance Unhealthy (autoscaling SetInstanceHealth) and leaves the failed marker,
+    on which preflight exits 3 (replace this node) even when that call failed."""
+    bootstrap_node(node)
+    assert run_bootstrap(node).returncode == 0
+    reboot(node)
+    (node.root / "no-lustre-module").touch()  # a new kernel without its Lustre modules
+    node.tool("apt-get", "#!/usr/bin/env bash\necho 'E: Unable to locate package' >&2\nexit 100\n")
+    result = run_bootstrap(node)
+    assert result.returncode != 0
+    aws = [c for c in node.calls() if c.startswith("aws ")]
+    assert any("--lifecycle-action-result ABANDON" in c for c in aws)
+    assert any(
+        "autoscaling set-instance-health --instance-id i-0123456789abcdef0 --health-status "
+        "Unhealthy --no-should-respect-grace-period" in c
+        for c in aws
+    ), aws
+    assert (
+        "marked i-0123456789abcdef0 Unhealthy in its Auto Scaling group trainium-nodes: the "
+        "group replaces it" in result.stdout
+    )
+    error = (node.state / "failed").read_text().split(" ", 1)[1].strip()
+    assert "(phase fsx)" in error, error
+
+    # Should SetInstanceHealth fail, the job supervisor still replaces it: preflight exits 3.
+    denied = "An error occurred (AccessDenied) when calling the SetInstanceHealth operation"
+    (node.root / "calls.log").unlink()
+    result = run_bootstrap(node, FAKE_HEALTH_ERROR=denied)
+    assert result.returncode != 0
+    assert f"warning: could not mark i-0123456789abcdef0 Unhealthy: {denied}" in result.stdout
+    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
+    node.write_env()
+    check = node.run("preflight.sh", "--hosts", "10.1.0.12", "--nproc-per-node", "1")
+    assert check.returncode == 3, check.stderr
+    assert f"replace this node: bootstrap failed on this boot: {error}" in check.stderr
+
+
+def test_a_bootstrap_that_fails_on_its_first_boot_is_abandoned_not_marked(
+    node: FakeNode,
+) -> None:
+    bootstrap_node(node)
+    node.tool("fi_info", "#!/usr/bin/env bash\nexit 1\n")
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    aws = [c for c in node.calls() if c.startswith("aws ")]
+    assert any("--lifecycle-action-result ABANDON" in c for c in aws)
+    assert not any("set-instance-health" in c for c in aws)
 
 
 def test_a_lifecycle_hook_that_cannot_be_completed_fails_the_bootstrap(node: FakeNode) -> None:

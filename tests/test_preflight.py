@@ -129,6 +129,19 @@ def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: Fa
     assert "FAIL ready: bootstrap has not finished after 0 s" in result.stderr
 
 
+def test_preflight_asks_for_a_replacement_when_bootstrap_failed(node: FakeNode) -> None:
+    """bootstrap.sh leaves $STATE_DIR/failed ("<time> <error>") when it fails, on any boot; no
+    retry on this node helps: preflight exits 3, on which the job supervisor replaces it."""
+    (node.state / "ready").unlink()
+    error = "'modprobe lustre' failed with status 1 at bootstrap.sh line 412 (phase fsx)"
+    (node.state / "failed").write_text(f"2026-01-01T00:00:00Z {error}\n")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--wait-ready", "900",
+                      "--nproc-per-node", "1", "--min-free-gb", "0")  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert f"FAIL ready: bootstrap failed: 2026-01-01T00:00:00Z {error}" in result.stderr
+    assert f"replace this node: bootstrap failed on this boot: {error}" in result.stderr
+
+
 def preflight_on_two_nodes(
     node: FakeNode, versions: tuple[str | None, str | None]
 ) -> list[subprocess.CompletedProcess[str]]:

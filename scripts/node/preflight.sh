@@ -58,12 +58,17 @@ validate_port --port "$port"
 parse_hosts "$hosts_arg"
 find_node_rank "$node_address_arg"
 
-failures=() replace_node=0 mixed_fleet=0
+failures=() replace_reasons=() mixed_fleet=0
 pass() { log "PASS $1: $2"; }
 fail() {
   log "FAIL $1: $2"
   failures+=("$1")
 }
+# A fault no retry on this node can fix: preflight exits 3, on which the job supervisor
+# replaces the node.
+replace() { replace_reasons+=("$1"); }
+# Written by bootstrap.sh when it fails ("<time> <error>"), removed when it starts again.
+BOOTSTRAP_FAILED_MARKER="$STATE_DIR/failed"
 
 # The instance type says whether this node must have Neuron devices and EFA.
 expect_trainium=0
@@ -75,14 +80,18 @@ check_ready() {
     pass ready "no $ENV_FILE: not a cluster node, nothing to wait for"
     return
   fi
-  while [[ ! -f $READY_MARKER && ! -f $STATE_DIR/failed ]] && ((waited < wait_ready)); do
+  while [[ ! -f $READY_MARKER && ! -f $BOOTSTRAP_FAILED_MARKER ]] && ((waited < wait_ready)); do
     sleep 10
     waited=$((waited + 10))
   done
   if [[ -f $READY_MARKER ]]; then
     pass ready "bootstrap finished ($(head -n 1 "$READY_MARKER"))"
-  elif [[ -f $STATE_DIR/failed ]]; then
-    fail ready "bootstrap failed: $(head -n 1 "$STATE_DIR/failed") (see $LOG_DIR/bootstrap.log)"
+  elif [[ -f $BOOTSTRAP_FAILED_MARKER ]]; then
+    # Bootstrap runs on every boot; one that failed on a later boot has no launch left to
+    # abandon, and the group's EC2 status checks still pass: replace the node (bootstrap also
+    # marks it Unhealthy in its group; this covers a node where that call failed).
+    fail ready "bootstrap failed: $(head -n 1 "$BOOTSTRAP_FAILED_MARKER") (see $LOG_DIR/bootstrap.log)"
+    replace "bootstrap failed on this boot: $(head -n 1 "$BOOTSTRAP_FAILED_MARKER" | cut -d' ' -f2-)"
   else
     fail ready "bootstrap has not finished after ${wait_ready} s (no $READY_MARKER; see $LOG_DIR/bootstrap.log)"
   fi
@@ -131,7 +140,7 @@ print(len(devices), cores, ",".join(busy) or "-")
   fi
   if grep -q 'NEURON_HW_ERR' < <(dmesg 2>/dev/null || true); then
     fail neuron-hardware "kernel log reports NEURON_HW_ERR: $(dmesg | grep 'NEURON_HW_ERR' | tail -n 1)"
-    replace_node=1
+    replace "it reports a Neuron hardware error"
   else
     pass neuron-hardware "no NEURON_HW_ERR in the kernel log"
   fi
@@ -261,8 +270,9 @@ check_collective
 
 if ((${#failures[@]})); then
   log "preflight FAILED on $NODE_ADDRESS: ${failures[*]}"
-  if ((replace_node)); then
-    log "replace this node: it reports a Neuron hardware error"
+  if ((${#replace_reasons[@]})); then
+    reasons=$(printf '%s; ' "${replace_reasons[@]}")
+    log "replace this node: ${reasons%; }"
     exit 3
   fi
   if ((mixed_fleet)); then
