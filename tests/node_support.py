@@ -166,12 +166,19 @@ def errors(result: subprocess.CompletedProcess[str]) -> list[str]:
     return found
 
 
+# A trainer for the real torchrun: it reports its PID and, on SIGTERM, does what
+# workload/train.py does (save, exit 0) after a "save" of WORKER_SAVE_SECONDS (0.5 s unless
+# set), writing saving-<pid> when the signal arrives and saved-<pid> (and `saved`) when done.
+# A second SIGTERM during the save does not start another one.
 WORKER = """
 import os, signal, sys, time
 out = os.environ["WORKER_DIR"]
 open(os.path.join(out, f"worker-{os.getpid()}.pid"), "w").close()
 def term(signum, frame):
-    time.sleep(0.5)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(os.path.join(out, f"saving-{os.getpid()}"), "w").close()
+    time.sleep(float(os.environ.get("WORKER_SAVE_SECONDS", "0.5")))
+    open(os.path.join(out, f"saved-{os.getpid()}"), "w").close()
     open(os.path.join(out, "saved"), "w").write(str(os.getpid()))
     sys.exit(0)
 signal.signal(signal.SIGTERM, term)

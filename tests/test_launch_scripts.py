@@ -307,6 +307,69 @@ def test_a_leg_ends_itself_before_the_time_limit_with_a_checkpoint(node: FakeNod
     assert not job_processes("long")
 
 
+# torch 2.9's torchrun SIGKILLs its workers 30 s after it passes them a SIGTERM
+# (torch/distributed/elastic/multiprocessing/api.py, SubprocessContext._close(timeout=30)):
+# a save longer than that survives a stop only if the workers get the signal, not torchrun.
+LONG_SAVE_SECONDS = 40
+
+
+def start_job(node: FakeNode, job: str, **extra: str) -> subprocess.Popen[str]:
+    """launch.sh with the real torchrun and two workers whose save takes 40 s, returned once
+    both workers run."""
+    env = {**real_torchrun(node), "WORKER_SAVE_SECONDS": str(LONG_SAVE_SECONDS), **extra}
+    launch = subprocess.Popen(
+        ["bash", str(NODE / "launch.sh"), "--hosts", "127.0.0.1", "--job-id", job,
+         "--nproc-per-node", "2", "--master-port", str(free_port())],
+        env=node.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_for(lambda: len(worker_pids(node)) == 2, 60, "two torchrun workers")
+    return launch
+
+
+def end_job(job: str, launch: subprocess.Popen[str]) -> None:
+    for pid in job_processes(job):
+        os.kill(pid, signal.SIGKILL)
+    if launch.poll() is None:
+        launch.kill()
+    launch.communicate(timeout=60)
+
+
+def saves_done(node: FakeNode) -> dict[int, bool]:
+    return {pid: (node.root / f"saved-{pid}").exists() for pid in worker_pids(node)}
+
+
+@pytest.mark.slow
+def test_stop_gives_the_trainers_their_whole_grace_to_save(node: FakeNode) -> None:
+    launch = start_job(node, "saving")
+    try:
+        result = node.run("stop.sh", "--job-id", "saving", "--grace", "120",
+                          "--node-address", "127.0.0.1")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert saves_done(node) == dict.fromkeys(worker_pids(node), True), (
+            f"a {LONG_SAVE_SECONDS}-s save was cut short under a 120-s grace: {result.stderr}"
+        )
+        output, _ = launch.communicate(timeout=60)
+        assert launch.returncode == 0, output
+        assert not job_processes("saving")
+        assert "sending SIGKILL" not in result.stderr
+    finally:
+        end_job("saving", launch)
+
+
+@pytest.mark.slow
+def test_a_term_to_launch_gives_the_trainers_the_stop_grace_to_save(node: FakeNode) -> None:
+    launch = start_job(node, "termed")
+    try:
+        launch.send_signal(signal.SIGTERM)
+        output, _ = launch.communicate(timeout=LONG_SAVE_SECONDS + 60)
+        assert saves_done(node) == dict.fromkeys(worker_pids(node), True), output
+        assert "asked to stop" in output
+        assert launch.returncode == 0, output
+        assert not job_processes("termed")
+    finally:
+        end_job("termed", launch)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -128,8 +128,18 @@ log "running: ${command[*]}"
 
 "${command[@]}" &
 child=$!
-# Forward a stop request to torchrun, which passes it on to its workers.
-trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT HUP
+# A stop request (SIGTERM, SIGINT, SIGHUP) stops the leg the way stop.sh stops a job: the
+# trainers first, with --stop-grace seconds to save, then torchrun (stop_job in lib.sh says
+# why not torchrun first).
+stopping=0
+# shellcheck disable=SC2317  # runs from the TERM/INT/HUP trap
+stop_leg() {
+  ((stopping)) && return 0
+  stopping=1
+  log "job $job_id: asked to stop: the trainers get SIGTERM and up to $stop_grace s to save and exit"
+  stop_job "$job_id" "$stop_grace" "$NODE_ADDRESS" "$leg" || true
+}
+trap stop_leg TERM INT HUP
 # The leg's end: SIGTERM to the trainers themselves (torchrun's children), not to torchrun,
 # which would SIGKILL its workers 30 s later, too soon for a large checkpoint.
 leg_ended=0
@@ -150,13 +160,13 @@ if ((time_limit > 0)); then
   timer=$!
   trap end_leg USR1
 fi
-status=0
-while true; do
-  wait "$child" || status=$?
-  # wait returns early when a trapped signal arrives; keep waiting while torchrun runs.
-  kill -0 "$child" 2>/dev/null || break
-  status=0
+# wait returns early (with 128 + the signal's number) when a trapped signal arrives: keep
+# waiting while torchrun runs, then take its own status (bash keeps it for a later wait).
+while kill -0 "$child" 2>/dev/null; do
+  wait "$child" || true
 done
+status=0
+wait "$child" || status=$?
 trap - TERM INT HUP USR1
 if [[ -n $timer ]]; then
   pkill -P "$timer" 2>/dev/null || true

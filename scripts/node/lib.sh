@@ -297,23 +297,88 @@ job_pids() {
   done
 }
 
-# Sends SIGTERM to a job's processes, waits up to <grace> seconds, then SIGKILLs what is
-# left. stop_job <job-id|*> <grace-seconds> [node-address] [leg]
+# Whether a process is still running (not gone, not a zombie waiting for its parent).
+running() {
+  local state
+  state=$(awk '{sub(/^.*\) /, ""); print $1}' "/proc/$1/stat" 2>/dev/null || true)
+  [[ -n $state && $state != Z ]]
+}
+
+# Parent PID of a process (field 4 of /proc/<pid>/stat).
+parent_pid() {
+  awk '{sub(/^.*\) /, ""); print $2}' "/proc/$1/stat" 2>/dev/null || true
+}
+
+# Whether a process is torchrun (the elastic agent): its command line runs the torchrun
+# console script or `python -m torch.distributed.run`.
+is_torchrun() {
+  local words
+  words=$(head -c 4096 "/proc/$1/cmdline" 2>/dev/null | tr '\0' '\n' | head -n 3 || true)
+  grep -qE '(^|/)torchrun$|^torch\.distributed\.(run|launch)$' <<<"$words"
+}
+
+# The processes among <pids> to stop first: the workers. That is every one that is not
+# torchrun and whose parent is torchrun or no process of the job (a worker left by a dead
+# torchrun, a job started without torchrun); a worker's own children (data loaders, the
+# compiler) are left to the worker, whose SIGTERM handler may still need them to save.
+job_workers() {
+  local pid parent
+  for pid in $1; do
+    is_torchrun "$pid" && continue
+    parent=$(parent_pid "$pid")
+    if [[ -n $parent && " ${1//$'\n'/ } " == *" $parent "* ]] && ! is_torchrun "$parent"; then
+      continue
+    fi
+    echo "$pid"
+  done
+}
+
+# Waits until none of <pids> runs or SECONDS reaches <deadline>; fails on the deadline.
+wait_until_ended() {
+  local pids=$1 deadline=$2 pid left
+  while true; do
+    left=""
+    for pid in $pids; do
+      if running "$pid"; then left+="$pid "; fi
+    done
+    pids=$left
+    [[ -z $pids ]] && return 0
+    ((SECONDS < deadline)) || return 1
+    sleep 1
+  done
+}
+
+# Stops a job's processes within <grace> seconds: SIGTERM to the workers first, then, once
+# they have ended, to what is left (torchrun), then SIGKILL to whatever still runs when the
+# grace is over. Not all at once: torch 2.9's torchrun answers a SIGTERM by passing it on to
+# its workers and SIGKILLing them 30 s later whatever the grace
+# (torch/distributed/elastic/multiprocessing/api.py, SubprocessContext._close(death_sig,
+# timeout=30), line 903 in the installed torch 2.9.0), which would cut a longer checkpoint
+# save short. torchrun ends by itself once all its workers have exited 0.
+# stop_job <job-id|*> <grace-seconds> [node-address] [leg]; fails when nothing was running.
 stop_job() {
-  local job=$1 grace=$2 node=${3:-} leg=${4:-} pids waited=0
+  local job=$1 grace=$2 node=${3:-} leg=${4:-} pids workers deadline
   pids=$(job_pids "$job" "$node" "$leg")
   if [[ -z $pids ]]; then
     return 1
   fi
-  log "sending SIGTERM to $(wc -w <<<"$pids") processes of job $job: $(paste -sd' ' <<<"$pids")"
-  # shellcheck disable=SC2086
-  kill -TERM $pids 2>/dev/null || true
-  while ((waited < grace)); do
-    pids=$(job_pids "$job" "$node" "$leg")
-    [[ -z $pids ]] && return 0
-    sleep 1
-    waited=$((waited + 1))
-  done
+  deadline=$((SECONDS + grace))
+  workers=$(job_workers "$pids")
+  if [[ -n $workers ]]; then
+    log "sending SIGTERM to $(wc -w <<<"$workers") worker processes of job $job: $(paste -sd' ' <<<"$workers")"
+    # shellcheck disable=SC2086  # one PID per word
+    kill -TERM $workers 2>/dev/null || true
+    wait_until_ended "$workers" "$deadline" || true
+    # torchrun notices its workers' exit within its monitor interval (0.1 s by default).
+    wait_until_ended "$(job_pids "$job" "$node" "$leg")" "$(min "$deadline" $((SECONDS + 5)))" || true
+  fi
+  pids=$(job_pids "$job" "$node" "$leg")
+  if [[ -n $pids ]] && ((SECONDS < deadline)); then
+    log "sending SIGTERM to $(wc -w <<<"$pids") remaining processes of job $job: $(paste -sd' ' <<<"$pids")"
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
+    wait_until_ended "$pids" "$deadline" || true
+  fi
   pids=$(job_pids "$job" "$node" "$leg")
   if [[ -n $pids ]]; then
     log "sending SIGKILL to processes still running after ${grace} s: $(paste -sd' ' <<<"$pids")"
@@ -321,6 +386,10 @@ stop_job() {
     kill -KILL $pids 2>/dev/null || true
   fi
   return 0
+}
+
+min() {
+  if (($1 < $2)); then echo "$1"; else echo "$2"; fi
 }
 
 # Start time of a process (field 22 of /proc/<pid>/stat), to tell it from a later one that

@@ -3,9 +3,11 @@
 #
 #   stop.sh --job-id ID [--grace 120] [--node-address ADDR]
 #
-# Sends SIGTERM to every process launch.sh started for the job (torchrun and its workers,
-# found by the TRAINIUM_JOB_ID tag in their environment), waits up to --grace seconds for
-# them to exit, then sends SIGKILL to whatever is left. The job's checkpoints stay where
+# Finds the processes launch.sh started for the job (torchrun and its workers, by the
+# TRAINIUM_JOB_ID tag in their environment), sends SIGTERM to the workers (the trainers save
+# a checkpoint and exit), then to torchrun once they have ended, and SIGKILL to whatever is
+# left after --grace seconds. The workers get the whole grace: torchrun, signalled first,
+# would SIGKILL them after 30 s (stop_job in lib.sh). The job's checkpoints stay where
 # they are: launching the same job ID again resumes from the latest one.
 # --node-address limits the stop to one node's processes where several nodes share a
 # machine (the local rehearsal).
