@@ -862,6 +862,23 @@ def test_a_bootstrap_that_fails_on_its_first_boot_is_abandoned_not_marked(
     assert not any("set-instance-health" in c for c in aws)
 
 
+def test_a_node_with_fewer_efa_devices_than_its_type_fails_the_bootstrap(node: FakeNode) -> None:
+    bootstrap_node(node)
+    assert node.settings["EFA_DEVICE_COUNT"] == "8"
+    (node.root / "efa-devices").write_text("7")
+    result = run_bootstrap(node)
+    assert result.returncode != 0
+    assert error_lines(result) == [
+        "found 7 EFA devices, expected 8 (trn1.32xlarge): a lost EFA device is a hardware fault"
+    ]
+    aws = [c for c in node.calls() if c.startswith("aws ")]
+    assert any("--lifecycle-action-result ABANDON" in c for c in aws)
+    (node.root / "efa-devices").write_text("8")
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    assert "8 EFA devices, 8 expected" in result.stdout
+
+
 def test_a_lifecycle_hook_that_cannot_be_completed_fails_the_bootstrap(node: FakeNode) -> None:
     bootstrap_node(node)
     denied = (

@@ -28,15 +28,26 @@ def node(tmp_path: Path) -> FakeNode:
 
 
 # ---------------------------------------------------------------------------- preflight
+# `fi_info -p efa -t FI_EP_RDM` on a node with $FAKE_DIR/efa-devices EFA devices (8 when
+# absent, a trn1.32xlarge): one block per device, as libfabric prints it.
+FAKE_FI_INFO = """#!/usr/bin/env bash
+[[ "$*" == "-p efa -t FI_EP_RDM" ]] || { echo "fake fi_info: unexpected arguments $*" >&2; exit 2; }
+n=$(cat "$FAKE_DIR/efa-devices" 2>/dev/null || echo 8)
+((n > 0)) || { echo 'fi_getinfo: -61 (No data available)'; exit 1; }
+for ((i = 0; i < n; i++)); do
+  printf 'provider: efa\n    fabric: efa\n    domain: rdmap%ds%d-rdm\n' $((16 * i)) $((27 + i))
+  printf '    version: 122.0\n    type: FI_EP_RDM\n    protocol: FI_PROTO_EFA\n'
+done
+"""
+
+
 def healthy_trainium(node: FakeNode) -> None:
     node.trainium()
     node.tool("lsmod", "#!/usr/bin/env bash\necho 'neuron 462848 0'\n")
     node.tool("dmesg", "#!/usr/bin/env bash\necho '[ 1.0] neuron: driver loaded'\n")
-    node.tool(
-        "fi_info",
-        "#!/usr/bin/env bash\n"
-        "for i in 0 1; do echo 'provider: efa'; echo \"    domain: rdmap${i}-rdm\"; done\n",
-    )
+    node.tool("fi_info", FAKE_FI_INFO)
+    node.settings["EFA_DEVICE_COUNT"] = "8"  # trn1.32xlarge (stacks/instance_types.py)
+    node.write_env()
     # The operation comes first (NCCOM-TEST user guide); the fake refuses anything else.
     node.tool(
         "nccom-test",
@@ -119,6 +130,30 @@ def test_preflight_fails_without_efa_or_fsx_or_collective(node: FakeNode) -> Non
     )
     assert "FAIL collective: all-reduce across 2 nodes failed (status 1)" in result.stderr
     assert "preflight FAILED on 10.1.0.12: efa fsx collective" in result.stderr
+
+
+def test_preflight_asks_for_a_replacement_when_an_efa_device_is_lost(node: FakeNode) -> None:
+    """A trn1.32xlarge has 8 EFA devices (EFA_DEVICE_COUNT, from the instance type table);
+    with 7 it trains at a fraction of the bandwidth: a hardware fault, exit 3."""
+    healthy_trainium(node)
+    (node.root / "efa-devices").write_text("7")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12,10.1.0.40", "--min-free-gb", "0")
+    assert result.returncode == 3, result.stderr
+    lines = [m.group(2) for m in map(LOG_LINE.match, result.stderr.splitlines()) if m]
+    assert [line for line in lines if line.startswith(("PASS efa", "FAIL efa"))] == [
+        "FAIL efa: found 7 EFA devices, expected 8 (trn1.32xlarge): a lost EFA device"
+    ]
+    assert "replace this node: found 7 of its 8 EFA devices" in lines
+    (node.root / "efa-devices").write_text("8")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12,10.1.0.40", "--min-free-gb", "0")
+    assert "PASS efa: 8 EFA devices, 8 expected" in result.stderr
+    node.settings["EFA_DEVICE_COUNT"] = "eight"
+    node.write_env()
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12,10.1.0.40", "--min-free-gb", "0")
+    assert result.returncode == 1
+    assert f"FAIL efa: EFA_DEVICE_COUNT 'eight' in {node.env_file} is not a number of devices" in (
+        result.stderr
+    )
 
 
 def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: FakeNode) -> None:

@@ -15,7 +15,8 @@
 #                   at SCRATCH_DIR; TMPDIR for jobs and the Neuron compiler goes there
 #   fsx             Lustre client for the running kernel, fstab entry, /fsx mounted
 #   neuron          Neuron driver loaded, NeuronCores visible (neuron-ls)
-#   efa             libfabric EFA provider present (multi-node clusters)
+#   efa             libfabric EFA provider present with EFA_DEVICE_COUNT devices (multi-node
+#                   clusters; fewer is a hardware fault: the node is replaced)
 #   python          the workload venv layered on the Neuron venv (see requirements_diff.py):
 #                   only what the Neuron venv lacks is installed, never over its packages
 #   workload        the workload asset is unpacked at WORKLOAD_DIR
@@ -509,15 +510,30 @@ phase_neuron() {
 }
 
 phase_efa() {
+  local providers found
   if ((NODE_COUNT == 1)); then
     log "single-node cluster: EFA not needed"
     return 0
   fi
   command -v fi_info >/dev/null 2>&1 || export PATH="/opt/amazon/efa/bin:$PATH"
   command -v fi_info >/dev/null 2>&1 || die "fi_info not found: the EFA software is not installed"
-  grep -q 'provider: efa' < <(fi_info -p efa -t FI_EP_RDM 2>&1 || true) ||
+  providers=$(fi_info -p efa -t FI_EP_RDM 2>&1 || true)
+  grep -q 'provider: efa' <<<"$providers" ||
     die "libfabric has no EFA provider: multi-node training needs the EFA interfaces"
-  log "EFA provider present"
+  # The distinct `domain:` values ending in -rdm of provider efa: one per EFA device
+  # (libfabric prints provider, fabric, domain (rdmap0s31-rdm), version, type, protocol).
+  found=$(awk '$1 == "provider:" {efa = ($2 == "efa")}
+    efa && $1 == "domain:" && $2 ~ /-rdm$/ && !seen[$2]++ {n++}
+    END {print n + 0}' <<<"$providers")
+  if [[ -z ${EFA_DEVICE_COUNT:-} ]]; then
+    log "EFA provider present, $found EFA devices (no EFA_DEVICE_COUNT in $ENV_FILE to compare with)"
+    return 0
+  fi
+  [[ $EFA_DEVICE_COUNT =~ ^[0-9]+$ ]] ||
+    die "EFA_DEVICE_COUNT '$EFA_DEVICE_COUNT' in $ENV_FILE is not a number of devices"
+  ((found >= EFA_DEVICE_COUNT)) ||
+    die "found $found EFA devices, expected $EFA_DEVICE_COUNT ($INSTANCE_TYPE): a lost EFA device is a hardware fault"
+  log "$found EFA devices, $EFA_DEVICE_COUNT expected"
 }
 
 # The workload venv: a venv whose site-packages come before the Neuron venv's (a .pth file

@@ -146,8 +146,17 @@ print(len(devices), cores, ",".join(busy) or "-")
   fi
 }
 
+# EFA devices in `fi_info -p efa -t FI_EP_RDM` output (stdin): the distinct `domain:` values
+# ending in -rdm in blocks of provider efa (libfabric prints one block per device: provider,
+# fabric, domain (rdmap0s31-rdm), version, type, protocol).
+efa_device_count() {
+  awk '$1 == "provider:" {efa = ($2 == "efa")}
+    efa && $1 == "domain:" && $2 ~ /-rdm$/ && !seen[$2]++ {n++}
+    END {print n + 0}'
+}
+
 check_efa() {
-  local providers
+  local providers found expected=${EFA_DEVICE_COUNT:-}
   if ((${#HOSTS[@]} == 1)); then
     pass efa "single node: EFA not needed"
     return
@@ -160,10 +169,21 @@ check_efa() {
     fi
     return
   fi
-  if providers=$(fi_info -p efa -t FI_EP_RDM 2>&1) && grep -q 'provider: efa' <<<"$providers"; then
-    pass efa "libfabric EFA provider present ($(grep -c 'domain:' <<<"$providers" || true) RDM domains)"
-  else
+  if ! providers=$(fi_info -p efa -t FI_EP_RDM 2>&1) || ! grep -q 'provider: efa' <<<"$providers"; then
     fail efa "fi_info -p efa found no EFA provider: check the EFA interfaces and the efa driver"
+    return
+  fi
+  found=$(efa_device_count <<<"$providers")
+  if [[ -z $expected ]]; then
+    pass efa "libfabric EFA provider present, $found EFA devices (no EFA_DEVICE_COUNT in $ENV_FILE to compare with)"
+  elif [[ ! $expected =~ ^[0-9]+$ ]]; then
+    fail efa "EFA_DEVICE_COUNT '$expected' in $ENV_FILE is not a number of devices"
+  elif ((found < expected)); then
+    # A lost EFA device trains at a fraction of the bandwidth, silently: a hardware fault.
+    fail efa "found $found EFA devices, expected $expected (${INSTANCE_TYPE:-this instance type}): a lost EFA device"
+    replace "found $found of its $expected EFA devices"
+  else
+    pass efa "$found EFA devices, $expected expected"
   fi
 }
 
