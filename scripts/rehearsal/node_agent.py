@@ -8,21 +8,25 @@ tools sit at /opt/aws/neuron/bin and /opt/amazon/efa/bin, the venv at
 the commands the host drops into its spool folder the way the SSM agent runs an
 aws:runShellScript step (see ssm_agent/__init__.py beside this file for the sources):
 
-- the step's commands go into `_script.sh`, run as `sh _script.sh` in the agent's
-  environment only (nothing of this process's environment leaks in), in a process group
-  of its own;
+- the step is started by ssm_agent.runscript.start_script: `sh -c <dir>/_script.sh` in
+  /usr/bin/, in the agent's environment only (nothing of this process's environment leaks
+  in), in a process group of its own, with RLIMIT_NOFILE soft 1024 and its stdout and
+  stderr copied through pipes one byte per write (pipecopy.go);
 - on cancel and on executionTimeout the process group gets SIGKILL and the exit code is 137;
-- the status file says InProgress, then Success, Failed, Cancelled or TimedOut.
+- the status file says InProgress, then what runscript.plugin_result makes of the end:
+  Success, Failed, Cancelled or TimedOut (a script's own 137 too). A 194 asks for a reboot:
+  the agent reports InProgress, reboots and runs the step again; this agent writes the
+  request to reboots.jsonl in its spool and runs the step again at once (it cannot reboot
+  its node: instances.py owns that).
 
 Spool protocol (all files written atomically): commands/<id>.json {id, script, env, timeout,
-dir}; cancel/<id> asks for a cancel; <dir>/status.json is the agent's answer; <dir>/stdout and
-<dir>/stderr grow while the script runs.
+dir, copier}; cancel/<id> asks for a cancel; <dir>/status.json is the agent's answer;
+<dir>/stdout and <dir>/stderr grow while the script runs (at the agent's pace).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -31,9 +35,18 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-STOPPED_EXIT_CODE = 137
+# Run as a script inside the node's namespaces: the repository root holds the scripts package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.rehearsal.ssm_agent.runscript import (
+    REBOOT_EXIT_CODE,
+    AgentScript,
+    plugin_result,
+    start_script,
+)
+
 POLL_SECONDS = 0.1
 
 
@@ -61,9 +74,8 @@ def mount(spec: dict[str, str]) -> None:
 @dataclass
 class Running:
     spec: dict[str, Any]
-    process: subprocess.Popen[bytes]
+    script: AgentScript
     started: float
-    outputs: tuple[IO[bytes], IO[bytes]]
     ending: str = ""
 
     @property
@@ -74,41 +86,21 @@ class Running:
         """SIGKILL to the script's process group, as the agent's killProcess does."""
         if not self.ending:
             self.ending = why
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            self.script.kill()
 
 
 def start(spec: dict[str, Any]) -> Running:
     folder = Path(spec["dir"])
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "_script.sh").write_text(spec["script"] + "\n")
-    stdout = (folder / "stdout").open("wb")
-    stderr = (folder / "stderr").open("wb")
     now = time.time()
     write_json(folder / "status.json", {"status": "InProgress", "started": now})
-    process = subprocess.Popen(
-        ["sh", "_script.sh"],
-        cwd=folder,
-        env=spec["env"],
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=stderr,
-        process_group=0,
-    )
-    return Running(spec, process, now, (stdout, stderr))
+    copier = Path(spec["copier"]) if spec.get("copier") else None
+    script = start_script(spec["script"], folder, spec["env"], copier=copier)
+    return Running(spec, script, now)
 
 
 def finish(running: Running, code: int) -> None:
-    for stream in running.outputs:
-        stream.close()
-    if running.ending == "cancel":
-        status, details, code = "Cancelled", "Cancelled", STOPPED_EXIT_CODE
-    elif running.ending == "timeout":
-        status, details, code = "TimedOut", "ExecutionTimedOut", STOPPED_EXIT_CODE
-    elif code == 0:
-        status, details = "Success", "Success"
-    else:
-        status, details = "Failed", "Failed"
+    status, details, code = plugin_result(code, running.ending)
     write_json(
         running.folder / "status.json",
         {
@@ -119,6 +111,13 @@ def finish(running: Running, code: int) -> None:
             "ended": time.time(),
         },
     )
+
+
+def reboot_requested(spool: Path, running: Running) -> Running:
+    """The script ended with 194: note the reboot asked for and run the step again."""
+    with (spool / "reboots.jsonl").open("a") as log:
+        log.write(json.dumps({"id": running.spec["id"], "at": time.time()}) + "\n")
+    return start(running.spec)  # the agent's timer starts again with the step
 
 
 def serve(spool: Path) -> None:
@@ -145,10 +144,14 @@ def serve(spool: Path) -> None:
                 item.kill("cancel")
             elif time.time() - item.started > float(item.spec["timeout"]):
                 item.kill("timeout")
-            code = item.process.poll()
-            if code is not None:
-                finish(item, code)
-                del running[key]
+            code = item.script.poll()
+            if code is None:
+                continue
+            if code == REBOOT_EXIT_CODE and not item.ending:
+                running[key] = reboot_requested(spool, item)
+                continue
+            finish(item, code)
+            del running[key]
         time.sleep(POLL_SECONDS)
 
 

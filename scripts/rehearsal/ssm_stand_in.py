@@ -21,12 +21,16 @@ from typing import Any
 from scripts.cluster_lib.documents import Document
 from scripts.rehearsal.instances import REGION, Instance, Instances, now
 from scripts.rehearsal.ssm_agent import (
-    MAX_STDERR_LENGTH,
-    MAX_STDOUT_LENGTH,
-    MAX_TIMEOUT_SECONDS,
     agent_environment,
+    execution_timeout,
     go_check,
     substitute,
+)
+from scripts.rehearsal.ssm_agent.runscript import (
+    pipecopy_binary,
+    plugin_output,
+    standard_error,
+    standard_output,
 )
 
 #: SendCommand InstanceIds: "Array Members: Maximum number of 50 items" (SSM API reference).
@@ -73,11 +77,12 @@ class Invocation:
     def key(self) -> str:
         return f"{self.command_id}-{self.instance.instance_id}"
 
-    def output(self, name: str) -> str:
+    def output(self, name: str) -> bytes:
+        """The agent's whole `stdout` or `stderr` file of the step, as bytes."""
         path = self.folder / name
         if self.failure:
-            return "" if name == "stdout" else self.failure
-        return path.read_text(errors="replace") if path.is_file() else ""
+            return b"" if name == "stdout" else self.failure.encode()
+        return path.read_bytes() if path.is_file() else b""
 
 
 @dataclass
@@ -164,11 +169,7 @@ class SsmStandIn:
         step = document.content["mainSteps"][0]
         script = "\n".join(substitute(line, values) for line in step["inputs"]["runCommand"])
         timeout_text = substitute(str(step["inputs"].get("timeoutSeconds", "3600")), values)
-        try:
-            timeout = min(int(timeout_text), MAX_TIMEOUT_SECONDS)
-        except ValueError:
-            refusal = refusal or f"timeoutSeconds {timeout_text!r} is not a number"
-            timeout = 3600
+        timeout = execution_timeout(timeout_text)
         command_id = f"{next(self.ids):08x}-0000-4000-8000-{int(time.time()):012x}"
         output_config = params.get("CloudWatchOutputConfig") or {}
         requested = now()
@@ -196,7 +197,7 @@ class SsmStandIn:
                 continue
             env = agent_environment(instance.instance_id, REGION, command_id=command_id)
             spec = {"id": invocation.key, "script": script, "env": env, "timeout": timeout,
-                    "dir": str(folder)}  # fmt: skip
+                    "dir": str(folder), "copier": str(pipecopy_binary())}  # fmt: skip
             commands = instance.spool / "commands"
             partial = commands / f"{invocation.key}.json.tmp"
             partial.write_text(json.dumps(spec))
@@ -304,7 +305,10 @@ class SsmStandIn:
                     "Status": state["status"],
                     "StatusDetails": state["details"],
                     "ResponseCode": int(state.get("code", -1)),
-                    "Output": inv.output("stdout")[:2500],
+                    # iohandler.go String(): stdout and stderr joined, cut at 2,500.
+                    "Output": plugin_output(
+                        inv.output("stdout"), inv.output("stderr"), int(state.get("code", -1))
+                    ),
                 }
             ]
         return view
@@ -334,19 +338,20 @@ class SsmStandIn:
             raise LocalError("InvocationDoesNotExist", "the invocation does not exist")
         state = inv.status()
         ended = state["status"] not in ("Pending", "InProgress", "Cancelling", "Delayed")
-        stdout = inv.output("stdout") if ended else ""
-        stderr = inv.output("stderr") if ended else ""
+        code = int(state.get("code", -1))
+        stdout = standard_output(inv.output("stdout"), code) if ended else ""
+        stderr = standard_error(inv.output("stderr"), code) if ended else ""
         return {
             "CommandId": command.command_id,
             "InstanceId": inv.instance.instance_id,
             "DocumentName": command.document,
             "PluginName": command.step,
-            "ResponseCode": int(state.get("code", -1)),
+            "ResponseCode": code,
             "Status": state["status"],
             "StatusDetails": state["details"],
-            # The agent keeps the first 24,000 / 8,000 characters (appconfig/constants.go).
-            "StandardOutputContent": stdout[:MAX_STDOUT_LENGTH],
-            "StandardErrorContent": stderr[:MAX_STDERR_LENGTH],
+            # The first 24,000 / 8,000 characters (ssm_agent/runscript.py for the sources).
+            "StandardOutputContent": stdout,
+            "StandardErrorContent": stderr,
             "CloudWatchOutputConfig": {
                 "CloudWatchLogGroupName": command.log_group,
                 "CloudWatchOutputEnabled": bool(command.log_group),
