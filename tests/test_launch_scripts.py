@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from scripts.rehearsal.ssm_agent.runscript import plugin_result
 from tests.node_support import (
     NODE,
     REPO_ROOT,
@@ -199,11 +200,61 @@ def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: Fake
     assert (node.logs / "jobs" / "bert-1.log").read_text() == log
 
 
-def test_launch_passes_on_the_training_exit_status(node: FakeNode) -> None:
+@pytest.mark.parametrize("status", [0, 1, 3, 4])
+def test_launch_passes_on_the_contracts_exit_statuses(node: FakeNode, status: int) -> None:
     result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1",
-                      FAKE_TORCHRUN_EXIT="3")  # fmt: skip
-    assert result.returncode == 3
-    assert "job j: torchrun failed with status 3 on node rank 0 (10.1.0.12)" in result.stdout
+                      FAKE_TORCHRUN_EXIT=str(status))  # fmt: skip
+    assert result.returncode == status
+    if status:
+        assert f"job j: torchrun failed with status {status} on node rank 0 (10.1.0.12)" in (
+            result.stdout
+        )
+    assert "reporting 1" not in result.stdout + result.stderr
+
+
+# The SSM agent reads some exit statuses itself (aws/amazon-ssm-agent
+# agent/plugins/pluginutil/pluginutil_unix.go GetStatus): 194 reboots the instance, 137 is
+# TimedOut though the agent killed nothing, 168 ends the document with success
+# (runpluginutil.go). plugin_result is the stand-in's copy of those rules.
+ODD_STATUSES = [
+    (137, "killed by SIGKILL: out of memory? the SSM agent would report a time-out"),
+    (194, "the SSM agent would take it as a request to reboot the instance"),
+    (168, "the SSM agent would end the document there with success or failure"),
+    (143, "killed by SIGTERM"),
+    (2, "not a status of the scripts' contract: 0, 1, 3, 4, 75"),
+]
+
+
+@pytest.mark.parametrize(("status", "meaning"), ODD_STATUSES)
+def test_launch_reports_any_other_status_of_torchrun_as_1(
+    node: FakeNode, status: int, meaning: str
+) -> None:
+    values = {"Hosts": "10.1.0.12", "JobId": "j", "NprocPerNode": "1"}
+    result = node.run_document("RunTraining", values, FAKE_TORCHRUN_EXIT=str(status))
+    assert result.returncode == 1
+    assert plugin_result(result.returncode)[0] == "Failed"
+    assert f"torchrun ended with status {status} ({meaning}); reporting 1" in result.stdout
+
+
+def test_a_75_of_torchrun_is_not_a_legs_end(node: FakeNode) -> None:
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1",
+                      FAKE_TORCHRUN_EXIT="75")  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        "torchrun ended with status 75, which only a leg that launch.sh ended at its time limit "
+        "reports; reporting 1"
+    ) in result.stdout
+
+
+def test_a_failing_command_of_the_script_itself_is_reported_as_1(node: FakeNode) -> None:
+    """The ERR trap (on_err) exits with the failed command's status; the EXIT trap maps it."""
+    node.tool("mkdir", "#!/usr/bin/env bash\nexit 137\n")  # a tool that fails oddly
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1")
+    assert result.returncode == 1
+    assert (
+        errors(result)[0].startswith("'mkdir -p ") and "failed with status 137" in errors(result)[0]
+    )
+    assert "launch.sh ended with status 137 (killed by SIGKILL" in result.stderr
 
 
 def test_launch_refuses_a_node_whose_bootstrap_has_not_finished(node: FakeNode) -> None:
@@ -441,17 +492,23 @@ def test_stop_document_runs_stop(node: FakeNode) -> None:
 
 
 # --------------------------------------------------------------------------- precompile
-def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -> None:
-    """neuron_parallel_compile sits in the Neuron venv's bin (not on Run Command's PATH):
-    precompile.sh finds it by activating NEURON_VENV itself."""
+def neuron_venv(node: FakeNode, then: str = "") -> None:
+    """A Neuron venv (NEURON_VENV) whose neuron_parallel_compile records its arguments and
+    then runs `then`."""
     venv = node.root / "neuron-venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text(f'PATH="{venv}/bin:$PATH"\n')
     npc = venv / "bin" / "neuron_parallel_compile"
-    npc.write_text('#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$FAKE_DIR/npc.args"\n')
+    npc.write_text(f'#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$FAKE_DIR/npc.args"\n{then}\n')
     npc.chmod(0o755)
     node.settings["NEURON_VENV"] = str(venv)
     node.write_env()
+
+
+def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -> None:
+    """neuron_parallel_compile sits in the Neuron venv's bin (not on Run Command's PATH):
+    precompile.sh finds it by activating NEURON_VENV itself."""
+    neuron_venv(node)
     scratch = node.root / "scratch"
     values = {
         "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
@@ -464,6 +521,35 @@ def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -
     assert args[args.index("--output") + 1] == f"{scratch}/bert-1"
     assert args[-4:] == ["--model", "tiny", "--max-steps", "7"]
     assert not (node.fsx / "jobs" / "bert-1").exists()  # the real job's output stays untouched
+
+
+def test_precompile_reports_an_odd_status_of_the_compiler_as_1(node: FakeNode) -> None:
+    neuron_venv(node, "exit 194")
+    scratch = str(node.root / "scratch")
+    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j",
+                      "--nproc-per-node", "1", TRAINIUM_PRECOMPILE_DIR=scratch)  # fmt: skip
+    assert result.returncode == 1
+    assert plugin_result(result.returncode)[0] == "Failed"
+    output = result.stdout + result.stderr
+    assert (
+        "neuron_parallel_compile ended with status 194 (the SSM agent would take it as a "
+        "request to reboot the instance); reporting 1"
+    ) in output
+    assert errors(result) == [
+        f"precompiling job j failed with status 1 (log: {node.root}/scratch/j/logs)"
+    ]
+
+
+def test_preflight_reports_an_odd_status_of_a_tool_as_1(node: FakeNode) -> None:
+    """preflight.sh sources lib.sh and gets its EXIT trap: a tool that fails with 194 under
+    set -e (here `ip`, read by find_node_rank) ends preflight with 1, not a reboot."""
+    node.tool("ip", "#!/usr/bin/env bash\nexit 194\n")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
+    assert result.returncode == 1
+    assert (
+        "preflight.sh ended with status 194 (the SSM agent would take it as a request to "
+        "reboot the instance); reporting 1"
+    ) in result.stderr
 
 
 def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:

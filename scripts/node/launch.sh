@@ -180,4 +180,11 @@ elif ((status == 0)); then
 else
   log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $SECONDS s"
 fi
+# torchrun's status is reported as is when 0, 1, 3 or 4, else as 1 (report_exit_status in
+# lib.sh). 75 is launch.sh's own (the leg's end above): from torchrun it is a failure.
+EXIT_SOURCE=${wrap:-torchrun}
+if ((status == 75)); then
+  log "torchrun ended with status 75, which only a leg that launch.sh ended at its time limit reports; reporting 1"
+  exit 1
+fi
 exit "$status"

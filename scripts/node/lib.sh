@@ -56,6 +56,49 @@ on_err() {
   exit "$status"
 }
 
+# The exit statuses a script reports to the SSM agent: 0, 1 (failed), and the contract's
+# own, which the job supervisor and the CLI read: 3 (preflight: replace this node), 4
+# (preflight: the nodes run different software), 75 (launch: the leg ended at its time
+# limit). Any other status is reported as 1, because the agent reads some itself: 194 asks
+# it to reboot the instance and 137 from a process it did not cancel becomes TimedOut
+# (aws/amazon-ssm-agent agent/plugins/pluginutil/pluginutil_unix.go GetStatus;
+# RebootExitCode = 194 in agent/appconfig/constants_unix.go). An OOM-killed torchrun (137) or
+# a tool's odd status must not pass for either, nor for 168 and 169, which end a document's
+# steps early with success or failure (agent/contracts/model.go ExitWithSuccess,
+# ExitWithFailure; agent/framework/runpluginutil/runpluginutil.go). report_exit_status, the EXIT trap every
+# script that sources this file gets, does the mapping and logs the original status in
+# one line; `exit N`, die, on_err (the ERR trap) and the end of the script all pass through
+# it. EXIT_SOURCE names what produced the status in that line (the script by default).
+# A script that sets an EXIT trap of its own replaces this one (bootstrap.sh, which systemd
+# and the user data run, not the agent).
+EXIT_SOURCE=""
+report_exit_status() {
+  local status=$?
+  case $status in
+    0 | 1 | 3 | 4 | 75) return 0 ;;
+  esac
+  log "${EXIT_SOURCE:-$SCRIPT_NAME.sh} ended with status $status ($(status_meaning "$status")); reporting 1"
+  exit 1
+}
+trap report_exit_status EXIT
+
+# What an exit status means, in a few words.
+status_meaning() {
+  local status=$1 signal
+  if ((status == 194)); then
+    echo "the SSM agent would take it as a request to reboot the instance"
+  elif ((status == 168 || status == 169)); then
+    echo "the SSM agent would end the document there with success or failure"
+  elif ((status > 128)) && signal=$(kill -l "$((status - 128))" 2>/dev/null); then
+    case $signal in
+      KILL) echo "killed by SIGKILL: out of memory? the SSM agent would report a time-out" ;;
+      *) echo "killed by SIG$signal" ;;
+    esac
+  else
+    echo "not a status of the scripts' contract: 0, 1, 3, 4, 75"
+  fi
+}
+
 # Runs one named phase and logs its duration: phase <name> <command> [args...]
 # A failure inside the phase stops the script (set -e) and on_err names the phase.
 CURRENT_PHASE=""
