@@ -421,6 +421,27 @@ def test_a_term_to_launch_gives_the_trainers_the_stop_grace_to_save(node: FakeNo
         end_job("termed", launch)
 
 
+@pytest.mark.slow
+def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None:
+    """The OOM killer's SIGKILL to torchrun leaves its workers running in sessions of their
+    own (start_new_session=True); launch.sh stops them before it exits, not a watchdog
+    some time after, and reports 1, not the 137 the agent would read as a time-out."""
+    launch = start_job(node, "oom", WORKER_SAVE_SECONDS="5")
+    try:
+        workers = worker_pids(node)
+        (torchrun,) = [pid for pid in job_processes("oom") if pid not in workers and
+                       "torchrun" in Path(f"/proc/{pid}/cmdline").read_text()]  # fmt: skip
+        os.kill(torchrun, signal.SIGKILL)
+        assert launch.wait(timeout=120) == 1
+        assert not [pid for pid in workers if alive(pid)], "launch.sh exited before its workers"
+        assert saves_done(node) == dict.fromkeys(workers, True)  # a SIGTERM first, not a SIGKILL
+        output, _ = launch.communicate(timeout=60)
+        assert "torchrun ended with status 137 (killed by SIGKILL: out of memory?" in output
+        assert "stopped the processes torchrun left running (it ended with status 137)" in output
+    finally:
+        end_job("oom", launch)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -87,6 +87,9 @@ output_dir="$jobs_root/$job_id"
 # Tags every process of this job so that stop.sh (and the next attempt) can find them, and
 # this leg's so that its watchdog ends them and nothing else.
 leg="$(date +%s)-$$"
+# Seconds the processes a leg leaves behind (its launcher or torchrun gone) get to exit after
+# a SIGTERM before they are SIGKILLed.
+LEFTOVER_GRACE=60
 export TRAINIUM_JOB_ID="$job_id" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" TRAINIUM_NODE_RANK="$NODE_RANK"
 export TRAINIUM_LEG="$leg"
 
@@ -123,7 +126,7 @@ fi
 cd "$workload_parent"
 WATCHDOG_LOG="$LOG_DIR/watchdog.log"
 [[ -w $LOG_DIR ]] || WATCHDOG_LOG=/dev/null
-start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" 60
+start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE"
 log "running: ${command[*]}"
 
 "${command[@]}" &
@@ -167,11 +170,20 @@ while kill -0 "$child" 2>/dev/null; do
 done
 status=0
 wait "$child" || status=$?
-trap - TERM INT HUP USR1
+trap - USR1
 if [[ -n $timer ]]; then
   pkill -P "$timer" 2>/dev/null || true
   kill "$timer" 2>/dev/null || true
 fi
+# torchrun starts its workers in sessions of their own (start_new_session=True): a torchrun
+# that died (the OOM killer's SIGKILL) leaves them training, holding the NeuronCores. Stop
+# what is left of this leg before reporting, so that the next attempt does not wait for it
+# (a stop request meanwhile has nothing more to do: stop_leg returns at once).
+stopping=1
+if stop_job "$job_id" "$LEFTOVER_GRACE" "$NODE_ADDRESS" "$leg"; then
+  log "job $job_id: stopped the processes torchrun left running (it ended with status $status)"
+fi
+trap - TERM INT HUP
 if ((status == 0 && leg_ended)); then
   log "job $job_id: leg ended at its time limit after $SECONDS s with a checkpoint on node rank $NODE_RANK: the next leg resumes it"
   exit 75
