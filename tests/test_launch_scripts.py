@@ -155,6 +155,31 @@ def test_launch_on_trainium_sets_the_efa_and_neuron_environment(node: FakeNode) 
     assert env["PYTHONPATH"].split(":")[0] == str(node.root)
 
 
+# neuron-ls -j as the Neuron LS User Guide shows it (tools/neuron-sys-tools/neuron-ls.rst): a
+# trn1.32xlarge has 16 devices of 2 NeuronCores; a trn2.48xlarge 16 devices of 8 physical
+# NeuronCore-v3 that the default logical NeuronCore configuration 2 pairs into 4 logical ones,
+# which is what nc_count reports there ("nc_count": 4, "logical_neuroncore_config": 2).
+TRN2_DEVICE = {"nc_count": 4, "logical_neuroncore_config": 2, "memory_size": 103079215104,
+               "neuron_processes": []}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("devices", "processes"),
+    [
+        (trainium_devices(count=16, cores=2), 32),
+        ([{**TRN2_DEVICE, "neuron_device": i} for i in range(16)], 64),
+    ],
+    ids=["trn1.32xlarge", "trn2.48xlarge-lnc2"],
+)
+def test_auto_starts_one_process_per_logical_neuron_core(
+    node: FakeNode, devices: list[dict[str, Any]], processes: int
+) -> None:
+    node.trainium(devices)
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"--nproc_per_node {processes} " in result.stdout
+
+
 def test_neuron_cc_flags_can_be_overridden(node: FakeNode) -> None:
     node.trainium()
     node.settings["NEURON_CC_FLAGS"] = "--model-type=transformer --auto-cast=none --optlevel=1"

@@ -221,7 +221,13 @@ interface_of() {
   printf '%s' "$dev"
 }
 
-# Total NeuronCores reported by `neuron-ls -j` (0 when there is no Neuron device).
+# Total NeuronCores reported by `neuron-ls -j` (0 when there is no Neuron device): one
+# process per NeuronCore that the runtime exposes. On trn2 that is the logical NeuronCore:
+# with the default logical NeuronCore configuration 2, a Trainium2 device's 8 physical cores
+# are 4 logical ones, and neuron-ls -j already reports them so ("nc_count": 4,
+# "logical_neuroncore_config": 2 per device on a trn2n.48xlarge in the Neuron LS User Guide,
+# tools/neuron-sys-tools/neuron-ls.rst; 64 ranks per trn2.48xlarge in Neuron's training best
+# practices): nc_count is not divided by logical_neuroncore_config again.
 neuron_core_count() {
   { neuron-ls -j 2>/dev/null || true; } | python3 -c '
 import json, sys
