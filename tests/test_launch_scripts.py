@@ -475,6 +475,7 @@ def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None
         (["--time-limit", "600", "--stop-grace", "600"], "--stop-grace 600 leaves no time to "
          "train within --time-limit 600: use fewer seconds than the limit"),
         (["--stop-grace", "soon"], "--stop-grace 'soon' is not a number of seconds"),
+        (["--log-folder", "tmp"], "--log-folder 'tmp' is not allowed: use jobs or precompile"),
     ],
 )  # fmt: skip
 def test_launch_refuses_a_bad_time_limit(node: FakeNode, args: list[str], message: str) -> None:
@@ -567,6 +568,12 @@ def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -
     assert args[args.index("--output") + 1] == f"{scratch}/bert-1"
     assert args[-4:] == ["--model", "tiny", "--max-steps", "7"]
     assert not (node.fsx / "jobs" / "bert-1").exists()  # the real job's output stays untouched
+    # The CloudWatch agent ships only the newest file matching a wildcard (jobs/*.log): the
+    # precompile's node log has a folder of its own, not the jobs' one.
+    assert not (node.logs / "jobs").exists()
+    log = (node.logs / "precompile" / "bert-1.log").read_text()
+    assert "job bert-1: node rank 0 of 2" in log
+    assert "job bert-1: torchrun finished on node rank 0" in log
 
 
 def test_precompile_reports_an_odd_status_of_the_compiler_as_1(node: FakeNode) -> None:

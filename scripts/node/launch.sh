@@ -3,13 +3,17 @@
 #
 #   launch.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500] [--nproc-per-node auto|N]
 #             [--jobs-root /fsx/jobs] [--node-address ADDR] [--time-limit SECONDS]
-#             [--stop-grace 1800] [--wrap CMD] [--dry-run] -- <train.py args>
+#             [--stop-grace 1800] [--wrap CMD] [--log-folder jobs|precompile] [--dry-run]
+#             -- <train.py args>
 #
 # Every node runs the same command line (the RunTraining SSM document sends it to all of
 # them). Each finds its rank as the position of its own address in --hosts; the first host
 # is the torchrun master. The job writes to <jobs-root>/<job-id>; running the same job ID
 # again resumes from its latest checkpoint (workload/train.py resumes from --output).
-# Output is also appended to <jobs-root>/<job-id>/logs/node-<rank>-<address>.log.
+# Output is also appended to <jobs-root>/<job-id>/logs/node-<rank>-<address>.log and to
+# <log dir>/<log-folder>/<job-id>.log on the node (/var/log/trainium-cluster/jobs/ unless
+# --log-folder says precompile: the CloudWatch agent ships only the newest file matching a
+# wildcard, so a precompile's log and the job's must not share one folder).
 # --time-limit is the SSM command's executionTimeout: --stop-grace seconds before it, the leg
 # ends itself (SIGTERM to the trainers, which save a checkpoint and exit) and launch.sh exits
 # with status 75, which tells the CLI to start the next leg (a resume) without counting a
@@ -26,12 +30,12 @@ trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 load_cluster_env || true
 
 hosts_arg="" job_id="" master_port=29500 nproc_arg=auto node_address_arg="" wrap="" dry_run=0
-time_limit=0 stop_grace=1800
+time_limit=0 stop_grace=1800 log_folder=jobs
 jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
 while (($#)); do
   case $1 in
     --hosts | --job-id | --master-port | --nproc-per-node | --jobs-root | --node-address | --wrap | \
-      --time-limit | --stop-grace)
+      --time-limit | --stop-grace | --log-folder)
       (($# >= 2)) || die "$1 needs a value (see --help)"
       case $1 in
         --time-limit) time_limit=$2 ;;
@@ -43,6 +47,7 @@ while (($#)); do
         --jobs-root) jobs_root=$2 ;;
         --node-address) node_address_arg=$2 ;;
         --wrap) wrap=$2 ;;
+        --log-folder) log_folder=$2 ;;
       esac
       shift 2
       ;;
@@ -64,6 +69,8 @@ if [[ ! $time_limit =~ ^[0-9]{1,6}$ ]] || ((time_limit > 172800)); then
   die "--time-limit '$time_limit' is not allowed: use 0 (no limit) or seconds up to 172800 (the SSM limit of one command)"
 fi
 [[ $stop_grace =~ ^[0-9]{1,6}$ ]] || die "--stop-grace '$stop_grace' is not a number of seconds"
+[[ $log_folder == jobs || $log_folder == precompile ]] ||
+  die "--log-folder '$log_folder' is not allowed: use jobs or precompile"
 if ((time_limit > 0 && stop_grace >= time_limit)); then
   die "--stop-grace $stop_grace leaves no time to train within --time-limit $time_limit: use fewer seconds than the limit"
 fi
@@ -111,8 +118,8 @@ require_ready
 activate_python
 mkdir -p "$output_dir/logs"
 log_files=("$output_dir/logs/node-$NODE_RANK-$NODE_ADDRESS.log")
-if mkdir -p "$LOG_DIR/jobs" 2>/dev/null && [[ -w $LOG_DIR/jobs ]]; then
-  log_files+=("$LOG_DIR/jobs/$job_id.log")
+if mkdir -p "$LOG_DIR/$log_folder" 2>/dev/null && [[ -w $LOG_DIR/$log_folder ]]; then
+  log_files+=("$LOG_DIR/$log_folder/$job_id.log")
 fi
 # The tee is not tagged as part of the job: stopping leftovers below must not end it.
 exec > >(env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}") 2>&1

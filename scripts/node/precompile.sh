@@ -9,7 +9,9 @@
 # the trial run only extracts the XLA graphs, then compiles them in parallel into the
 # compile cache (NEURON_COMPILE_CACHE_URL, shared by all nodes), so that the real run of
 # the job finds its graphs compiled. The trial run writes to a node-local scratch directory,
-# never to the job's own output, whose checkpoints it would otherwise spoil.
+# never to the job's own output, whose checkpoints it would otherwise spoil. The node's copy
+# of the output goes to /var/log/trainium-cluster/precompile/<job-id>.log, beside (not among)
+# the jobs' logs in jobs/, which the CloudWatch agent ships by a wildcard of its own.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -49,7 +51,7 @@ mkdir -p "$scratch"
 log "precompiling job $job_id: $steps steps under neuron_parallel_compile, scratch output $scratch/$job_id"
 status=0
 bash "$NODE_DIR/launch.sh" "${launch_args[@]}" --job-id "$job_id" --jobs-root "$scratch" \
-  --wrap neuron_parallel_compile -- "$@" --max-steps "$steps" || status=$?
+  --wrap neuron_parallel_compile --log-folder precompile -- "$@" --max-steps "$steps" || status=$?
 rm -rf "${scratch:?}/$job_id/checkpoints"
 if ((status != 0)); then
   die "precompiling job $job_id failed with status $status (log: $scratch/$job_id/logs)"
