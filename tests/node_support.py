@@ -135,13 +135,9 @@ class FakeNode:
         """Runs a document's command line the way SSM does: defaults filled in, placeholders
         replaced, through `sh`, with the scripts at /opt/trainium-cluster (here: the
         repository)."""
-        document = load(name)
-        defaults = {k: p.default for k, p in document.parameters.items() if p.default is not None}
-        command = substitute(document.run_command[0], {**defaults, **values})
-        command = command.replace("/opt/trainium-cluster", str(REPO_ROOT))
         return subprocess.run(
-            ["sh", "-c", command], capture_output=True, text=True, env=self.env(**extra),
-            timeout=120, check=False,
+            ["sh", "-c", document_command(name, values)], capture_output=True, text=True,
+            env=self.env(**extra), timeout=120, check=False,
         )  # fmt: skip
 
     def torchrun_args(self) -> list[str]:
@@ -154,6 +150,15 @@ class FakeNode:
     def calls(self) -> list[str]:
         path = self.root / "calls.log"
         return path.read_text().splitlines() if path.exists() else []
+
+
+def document_command(name: str, values: dict[str, str]) -> str:
+    """A document's command line as SSM runs it: defaults filled in, placeholders replaced,
+    the scripts at /opt/trainium-cluster (here: the repository)."""
+    document = load(name)
+    defaults = {k: p.default for k, p in document.parameters.items() if p.default is not None}
+    command = substitute(document.run_command[0], {**defaults, **values})
+    return command.replace("/opt/trainium-cluster", str(REPO_ROOT))
 
 
 def errors(result: subprocess.CompletedProcess[str]) -> list[str]:

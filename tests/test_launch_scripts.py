@@ -5,6 +5,7 @@ The fake node is tests/node_support.py; preflight's tests are tests/test_preflig
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,11 +16,13 @@ from typing import Any
 
 import pytest
 
-from scripts.rehearsal.ssm_agent.runscript import plugin_result
+from scripts.rehearsal.ssm_agent import agent_environment
+from scripts.rehearsal.ssm_agent.runscript import plugin_result, start_script
 from tests.node_support import (
     NODE,
     REPO_ROOT,
     FakeNode,
+    document_command,
     errors,
     free_port,
     real_torchrun,
@@ -465,6 +468,91 @@ def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None
         assert "stopped the processes torchrun left running (it ended with status 137)" in output
     finally:
         end_job("oom", launch)
+
+
+# A trainer that needs as many descriptors as a gloo group over a world of 40 trn1.32xlarge
+# nodes would take (1,280 ranks): it measures what a gloo group costs per peer (a group over
+# this job's world less a group of one, which has no peer), holds that many descriptors for
+# each of the peers it does not have, then creates a gloo group and all-reduces over it.
+GLOO_WORKER = """
+import json, math, os, resource
+import torch
+import torch.distributed as dist
+
+STANDS_FOR = 40 * 32  # ranks of a 40-node trn1.32xlarge job
+
+def open_files():
+    return len(os.listdir("/proc/self/fd"))
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+before = open_files()
+alone, _ = dist.new_subgroups(group_size=1)
+fixed = open_files() - before
+before = open_files()
+measured = dist.new_group(backend="gloo")
+per_peer = (open_files() - before - fixed) / (world - 1)
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(math.ceil(per_peer * (STANDS_FOR - world)))]
+group = dist.new_group(backend="gloo")
+total = torch.ones(1)
+dist.all_reduce(total, group=group)
+report = {"rank": rank, "fixed": fixed, "per_peer": per_peer, "held": len(held),
+          "open_files": open_files(), "soft_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+          "sum": total.item()}
+with open(os.path.join(os.environ["WORKER_DIR"], f"gloo-{rank}.json"), "w") as f:
+    json.dump(report, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_job_past_1024_open_files_runs_when_started_as_the_agent_starts_it(
+    node: FakeNode,
+) -> None:
+    """RunTraining started as the SSM agent starts it (ssm_agent.runscript.start_script: sh -c,
+    the agent's environment, RLIMIT_NOFILE soft 1024). Two cores cannot run 1,280 ranks: each
+    of the two workers holds the descriptors that the peers of a 1,280-rank gloo group would
+    take (the per-peer cost measured on a real gloo group here) and then creates a real gloo
+    group and all-reduces over it. Without launch.sh raising the soft limit the workers die
+    with `OSError: [Errno 24] Too many open files`."""
+    env = {
+        **agent_environment("i-0123456789abcdef0", "us-east-1", command_id="c-nofile"),
+        **{k: v for k, v in node.env(**real_torchrun(node)).items() if k != "HOME"},
+    }
+    (node.workload / "train.py").write_text(GLOO_WORKER)
+    command = document_command("RunTraining", {
+        "Hosts": "127.0.0.1", "JobId": "nofile", "NprocPerNode": "2",
+        "MasterPort": str(free_port()),
+    })  # fmt: skip
+    script = start_script(command, node.root / "agent", env)
+    try:
+        code = script.wait(timeout=300)
+    finally:
+        script.kill()
+    output = script.stdout_path.read_text() + script.stderr_path.read_text()
+    assert code == 0, output
+    reports = [json.loads(p.read_text()) for p in sorted(node.root.glob("gloo-*.json"))]
+    assert [r["rank"] for r in reports] == [0, 1]
+    for report in reports:
+        assert report["sum"] == 2
+        assert report["per_peer"] >= 1  # gloo: at least one socket per peer
+        assert report["open_files"] > 1024 < report["soft_limit"], report
+    assert "open files: soft limit raised from 1024 to " in output
+
+
+def test_launch_refuses_a_hard_open_file_limit_below_what_the_job_needs(node: FakeNode) -> None:
+    result = subprocess.run(
+        ["bash", "-c", 'ulimit -Sn 1024 && ulimit -Hn 1500 && exec bash "$@"', "limit",
+         str(NODE / "launch.sh"), *ONE, "--nproc-per-node", "999"],
+        capture_output=True, text=True, env=node.env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert errors(result) == [
+        "the open-file hard limit is 1500, below the 2023 descriptors a process of this job may "
+        "need (one per rank for gloo and the rendezvous store, + 1024): raise LimitNOFILE of the "
+        "amazon-ssm-agent unit"
+    ]
+    assert not (node.root / "torchrun.args").exists()
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,7 @@ exec > >(env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}
 
 log "job $job_id: node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS), $NPROC processes, master ${HOSTS[0]}:$MASTER_PORT"
 log "output: $output_dir"
+raise_open_file_limit $((${#HOSTS[@]} * NPROC + NOFILE_BASE))
 # One job at a time per node: whatever a job left behind holds the NeuronCores.
 if stop_job "*" 30 "$NODE_ADDRESS"; then
   log "stopped processes left over from an earlier job or attempt"

@@ -291,6 +291,34 @@ export_job_environment() {
   fi
 }
 
+# Open files: Run Command starts every script with a soft RLIMIT_NOFILE of 1024 (systemd's
+# DefaultLimitNOFILE=1024:524288 for services, systemd-system.conf(5); the SSM agent's unit
+# does not raise it, and Go >= 1.21, which builds the agent, restores the original soft
+# limit in the processes it starts: Go CL 476097). A job needs more per process:
+#   - gloo connects every pair of ranks of a group (a full mesh): one socket per peer, so
+#     world - 1 in each process for the trainer's all-ranks gloo group (workload/backend.py;
+#     measured with torch 2.9: a 12-rank gloo group costs 13 descriptors per process);
+#   - torchrun on the master node serves the rendezvous TCPStore: one connection per rank;
+#   - NOFILE_BASE for everything else (Python and its libraries, the Neuron runtime's device
+#     files, logs, data loader pipes): the 1024 such a process is otherwise used to.
+# So at least world + NOFILE_BASE: 32 x nodes + 1024 on trn1.32xlarge, past 1024 from the
+# first multi-process job. raise_open_file_limit <needed> raises the soft limit to the hard
+# limit (what neuronx-distributed's launch scripts do with `ulimit -n 65535`), and fails
+# when even the hard limit is below <needed>.
+NOFILE_BASE=1024
+raise_open_file_limit() {
+  local needed=$1 soft hard
+  soft=$(ulimit -Sn)
+  hard=$(ulimit -Hn)
+  if [[ $hard != unlimited ]] && ((hard < needed)); then
+    die "the open-file hard limit is $hard, below the $needed descriptors a process of this job may need (one per rank for gloo and the rendezvous store, + $NOFILE_BASE): raise LimitNOFILE of the amazon-ssm-agent unit"
+  fi
+  if [[ $soft != "$hard" ]]; then
+    ulimit -Sn "$hard"
+    log "open files: soft limit raised from $soft to $hard (this job needs about $needed)"
+  fi
+}
+
 # Puts torchrun on PATH: the DLAMI's Neuron venv when present (and the workload's venv
 # layered over it, when bootstrap made one), else whatever PATH has.
 activate_python() {
