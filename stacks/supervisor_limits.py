@@ -22,15 +22,17 @@ import math
 HISTORY_EVENTS = 25_000
 #: Per node and attempt: its address in the host list (a Pass and a Choice, 4 events) and the
 #: classification of its Preflight and RunTraining invocations (a Map iteration through Choice
-#: and Pass states, at most 10 events; 15 for a node marked unhealthy, whose iteration calls
-#: SetInstanceHealth). tests/test_supervisor.py counts RunTraining's in an execution's history.
+#: and Pass states, at most 10 events, for a failed node or one that is gone; 15 for a node
+#: marked unhealthy, whose iteration calls SetInstanceHealth). tests/test_supervisor.py counts RunTraining's in an execution's history.
 EVENTS_PER_NODE = 30
 #: Everything else one attempt writes: the start, reading the group and the addresses, the
 #: grace period, the stop check, notifications and the hand-over.
 OTHER_EVENTS = 1_000
-#: One poll: Wait (entered, exited), Task (entered, scheduled, started, succeeded, exited) and
-#: Choice (entered, exited). tests/test_supervisor.py counts them in an execution's history.
-EVENTS_PER_POLL = 9
+#: One poll: Wait (entered, exited), two Tasks (entered, scheduled, started, succeeded, exited:
+#: ListCommands, and DescribeInstances for the batch's nodes that still run), a Pass that counts
+#: them and the Choice (entered, exited each). tests/test_supervisor.py counts them in an
+#: execution's history.
+EVENTS_PER_POLL = 16
 #: One poll for a full set of nodes: Wait 2, the ReadGroup Task 5, five Pass or Choice states 2
 #: each (tests/test_supervisor.py adds them up along the definition's loop). After
 #: MAX_NODE_WAITS of them the execution hands the job over (at PollSeconds 300, 8 hours).

@@ -22,6 +22,19 @@ def _command_ids() -> str:
     return sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.CommandIds"))
 
 
+def _causes() -> str:
+    """What happened on each node that did not end well ($.Outcome.Causes, a list per batch of
+    50 nodes: stacks/supervisor_run.py), as a string for a message."""
+    return sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Outcome.Causes"))
+
+
+def _why(construct_id: str, template: str, *values: str) -> cached_property[sfn.Pass]:
+    """A Pass that writes $.Why.Text, a States.Format of `template`: why this execution hands
+    the job over or ends it. The notification says it, the hand-over's output (HandedOver) or
+    the failure's cause carries it, and `cluster.py jobs` lists it."""
+    return pass_state(construct_id, "$.Why", {"Text": sfn.JsonPath.format(template, *values)})
+
+
 class OutcomeStates(StatesBase):
     """The states after an attempt, each made once, when the workflow first names it."""
 
@@ -69,15 +82,24 @@ class OutcomeStates(StatesBase):
             comment="A leg that ended at its time limit: resume without spending a retry.",
         )
 
+    #: After CountLeg: Legs counts the leg that starts.
+    describe_leg = pass_state(
+        "DescribeLeg",
+        "$.Why",
+        {
+            "Text.$": "States.Format('leg {} ended at its time limit and saved a checkpoint; "
+            "leg {} resumes from it', States.MathAdd($.Counters.Legs, -1), $.Counters.Legs)"
+        },
+    )
+
     @cached_property
     def notify_leg(self) -> sfn.TaskStateBase:
         return self.t.notify(
             "NotifyLeg",
             "continues",
-            "Job {}: leg {} ended at its time limit and saved a checkpoint; the next leg "
-            "resumes from it (commands {}).",
+            "Job {}: {} (commands {}).",
             self.t.job_id,
-            sfn.JsonPath.string_at("$.Counters.Legs"),
+            sfn.JsonPath.string_at("$.Why.Text"),
             _command_ids(),
         )
 
@@ -166,41 +188,64 @@ class OutcomeStates(StatesBase):
     # A retry, or the end of the retries ----------------------------------------------------------
     retry_left = choice("RetryLeft")
 
+    describe_failure = _why(
+        "DescribeFailure",
+        "attempt {} failed after {} retries: {}",
+        sfn.JsonPath.string_at("$.Counters.Attempts"),
+        sfn.JsonPath.string_at("$.Counters.Retries"),
+        _causes(),
+    )
+
     @cached_property
     def notify_failure(self) -> sfn.TaskStateBase:
         return self.t.notify(
             "NotifyFailure",
             "failed",
-            "Job {} failed after {} retries (commands {}). Read the output with "
-            "`cluster.py logs --job-id {}`.",
+            "Job {} failed: {} (commands {}). Read the output with `cluster.py logs --job-id {}`.",
             self.t.job_id,
-            sfn.JsonPath.string_at("$.Counters.Retries"),
+            sfn.JsonPath.string_at("$.Why.Text"),
             _command_ids(),
             self.t.job_id,
         )
 
-    job_failed = fail("JobFailed", error="JobFailed", cause="the job's last attempt failed")
+    #: The execution's cause is the failure in words ($.Why.Text).
+    job_failed = fail("JobFailed", error="JobFailed", cause_path="$.Why.Text")
 
     @cached_property
     def count_retry(self) -> sfn.Pass:
         return self._add_one("CountRetry", "Retries")
+
+    #: After CountRetry: Retries counts the retry that starts.
+    describe_retry = _why(
+        "DescribeRetry",
+        "retry {} of {}: attempt {} failed: {}",
+        sfn.JsonPath.string_at("$.Counters.Retries"),
+        sfn.JsonPath.string_at("$.Job.MaxRetries"),
+        sfn.JsonPath.string_at("$.Counters.Attempts"),
+        _causes(),
+    )
 
     @cached_property
     def notify_retry(self) -> sfn.TaskStateBase:
         return self.t.notify(
             "NotifyRetry",
             "retries",
-            "Job {}: attempt failed (commands {}); retry {} of {} resumes from the latest "
-            "checkpoint once a full set of nodes passes preflight.",
+            "Job {}: {}. The retry resumes from the latest checkpoint once a full set of nodes "
+            "passes preflight (commands {}).",
             self.t.job_id,
+            sfn.JsonPath.string_at("$.Why.Text"),
             _command_ids(),
-            sfn.JsonPath.string_at("$.Counters.Retries"),
-            sfn.JsonPath.string_at("$.Job.MaxRetries"),
         )
 
     wait_before_retry = wait("WaitBeforeRetry", "$.Job.RetryDelaySeconds")
 
     # Handing the job over to a new execution (the history budget) --------------------------------
+    describe_long_wait = _why(
+        "DescribeLongWait",
+        "no full set of InService, healthy nodes after {} polls; the wait goes on",
+        sfn.JsonPath.string_at("$.NodeWaits.Count"),
+    )
+
     @cached_property
     def hand_over(self) -> sfn.Pass:
         return self._pass(
@@ -251,13 +296,15 @@ class OutcomeStates(StatesBase):
 
     @cached_property
     def handed_over(self) -> sfn.Pass:
-        """The execution's output: the job, the successor (ContinuedAs) and the counters."""
+        """The execution's output: the job, the successor (ContinuedAs), the counters and why
+        it handed the job over (Why: a retry and its causes, a new leg or a long wait)."""
         return self._pass(
             "HandedOver",
             parameters={
                 "JobId": self.t.job_id,
                 "ContinuedAs": sfn.JsonPath.string_at("$.Handover.Name"),
                 "Counters": sfn.JsonPath.object_at("$.Counters"),
+                "Why": sfn.JsonPath.string_at("$.Why.Text"),
             },
         )
 

@@ -2,12 +2,29 @@
 
 `run_on_every_node` makes the states that send a document (Preflight or RunTraining) to every
 node, one SendCommand per batch of at most SEND_BATCH nodes inside a Map, follow each command
-to its end (cancelling the rest of a batch once a node has ended and FailureGraceSeconds have
-passed), and classify every invocation inside a second Map: ok, leg (RunTraining ended at its
-time limit), replaced (Preflight found a Neuron hardware error: the node is marked unhealthy),
-roll (Preflight found the nodes run different software) or bad. The last state, <Document>Verdict,
-sums the classes up in $.Verdict; $.Outcome lists the command IDs. The workflow
+to its end (cancelling the rest of a batch once a node has ended, or its instance no longer
+runs, and FailureGraceSeconds have passed), and classify every invocation inside a second Map:
+ok, leg (RunTraining ended at its time limit), replaced (Preflight found a Neuron hardware error:
+the node is marked unhealthy), roll (Preflight found the nodes run different software) or bad,
+each but ok with the cause in words. The last state, <Document>Verdict, sums the classes up in
+$.Verdict; $.Outcome lists the command IDs and the causes. The workflow
 (stacks/supervisor_workflow.py) chooses on $.Verdict.
+
+A node whose instance dies mid-command never answers again: the invocation on it does not end.
+The SSM documentation promises no terminal status for it. "Undeliverable" is for a command that
+cannot be delivered, and "Delivery Timed Out" for one that was not delivered in time; "Execution
+Timed Out" is what the agent reports when the command outlives its executionTimeout, and the agent
+is the one that enforces it (CommandInvocation.StatusDetails, SSM API reference). "In Progress" is
+"sent to the managed node but hasn't reached a terminal state". The EC2 user guide of 2016
+(Monitoring Commands) said it outright: "If the SSM agent is not available on the instance, the
+command status will show In Progress until the SSM agent is available again". An agent that died
+with its instance is never available again. So the poll does not wait for SSM. It also asks EC2
+which of the batch's nodes still run (DescribeInstances, filtered by instance-id and
+instance-state-name=running: unlike InstanceIds, filters never fail with
+InvalidInstanceID.NotFound once a terminated instance is no longer listed, which is "usually less
+than one hour" after the termination, DescribeInstances API reference). If one no longer runs,
+that is an ended node: the grace starts. After the cancel, the command counts as ended once at
+least as many invocations have ended as nodes still run.
 """
 
 from __future__ import annotations
@@ -31,6 +48,12 @@ ROLL_FLEET_STATUS = 4
 LEG_TIME_LIMIT_STATUS = 75
 #: Command statuses after which nothing more happens (SSM API reference, Command.Status).
 COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "DeliveryTimedOut")
+#: What the classification of an invocation says about its node ($.Outcome.Causes): States.Format
+#: templates of the instance ID and (CAUSE_FAILED) the exit status or (CAUSE_ENDED) the
+#: invocation's StatusDetails, once `document` is filled in.
+CAUSE_FAILED = "{{}}: {document} failed with status {{}}"
+CAUSE_GONE = "{{}}: node gone (its instance no longer runs); {document} never ended"
+CAUSE_ENDED = "{{}}: {document} ended {{}}"
 
 
 @dataclass(frozen=True)
@@ -62,6 +85,11 @@ def run_on_every_node(
         t.scope,
         f"{document}EachInvocation",
         items_path="$.Results.Invocations",
+        # Each invocation with the IDs of the batch's nodes that still ran at the last poll.
+        item_selector={
+            "Invocation": sfn.JsonPath.object_at("$$.Map.Item.Value"),
+            "Running": sfn.JsonPath.list_at("$.Alive.Ids"),
+        },
         result_path="$.Classes",
     )
     each.item_processor(_classify(t, document))
@@ -71,7 +99,9 @@ def run_on_every_node(
             f"{document}BatchResult",
             parameters={
                 "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
-                "Classes": sfn.JsonPath.list_at("$.Classes"),
+                "Classes": sfn.JsonPath.list_at("$.Classes[*].Class"),
+                # Ok and leg carry no cause; a wildcard leaves out what is absent.
+                "Causes": sfn.JsonPath.list_at("$.Classes[*].Cause"),
             },
         )
     )
@@ -89,6 +119,9 @@ def run_on_every_node(
         result_selector={
             "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
             "Classes": sfn.JsonPath.list_at("$[*].Classes[*]"),
+            # A list per batch: "$[*].Causes[*]" is not found where no batch has a cause
+            # (moto's JSONPath), and ASL has no intrinsic that flattens.
+            "Causes": sfn.JsonPath.list_at("$[*].Causes"),
         },
         result_path="$.Outcome",
     )
@@ -145,9 +178,10 @@ def _send(
 
 
 def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.TaskStateBase:
-    """The poll loop after `send`: wait, ListCommands, and once the command has ended, its
-    invocations (<Document>Results, returned). Once one node has ended, the others may run
-    on for FailureGraceSeconds before the rest of the command is cancelled."""
+    """The poll loop after `send`: wait, ListCommands, which of the batch's nodes still run, and
+    once the command has ended, its invocations (<Document>Results, returned). Once one node has
+    ended, or its instance no longer runs, the others may run on for FailureGraceSeconds before
+    the rest of the command is cancelled."""
     p = document
     wait = sfn.Wait(t.scope, f"{p}Wait", time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"))
     command_id = {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")}
@@ -166,6 +200,30 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         },
         result_path="$.Poll",
     )
+    nodes = t.sdk(
+        f"{p}Nodes",
+        "ec2",
+        "describeInstances",
+        {
+            "Filters": [
+                {"Name": "instance-id", "Values": sfn.JsonPath.list_at("$.InstanceIds")},
+                {"Name": "instance-state-name", "Values": ["running"]},
+            ]
+        },
+        ["*"],
+        iam_action="ec2:DescribeInstances",
+        result_selector={"Ids": sfn.JsonPath.list_at("$.Reservations[*].Instances[*].InstanceId")},
+        result_path="$.Alive",
+    )
+    ids = sfn.JsonPath.list_at("$.Alive.Ids")
+    alive = sfn.Pass(
+        t.scope,
+        f"{p}NodesAlive",
+        parameters={"Ids": ids, "Count": sfn.JsonPath.array_length(ids)},
+        result_path="$.Alive",
+    )
+    gone = sfn.Pass(t.scope, f"{p}NodeGone", result=sfn.Result.from_boolean(True),
+                    result_path="$.Gone")  # fmt: skip
     grace = sfn.Pass(t.scope, f"{p}GraceStarts", result=sfn.Result.from_boolean(True),
                      result_path="$.Grace")  # fmt: skip
     wait_grace = sfn.Wait(
@@ -186,57 +244,114 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         result_selector={"Invocations": sfn.JsonPath.list_at("$.CommandInvocations")},
         result_path="$.Results",
     )
+    node_gone = sfn.Condition.number_less_than_json_path(
+        "$.Alive.Count", "$.Poll.Command.TargetCount"
+    )
+    node_ended = sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0)
     ended = sfn.Choice(t.scope, f"{p}Ended")
     ended.when(
         sfn.Condition.or_(
             *(sfn.Condition.string_equals("$.Poll.Command.Status", s) for s in COMMAND_ENDED)
         ),
         results,
+    ).when(
+        # The invocations on nodes that are gone never end: the rest has once as many
+        # invocations ended as nodes still run.
+        sfn.Condition.and_(
+            sfn.Condition.is_present("$.Cancelled"),
+            node_gone,
+            sfn.Condition.number_greater_than_equals_json_path(
+                "$.Poll.Command.CompletedCount", "$.Alive.Count"
+            ),
+        ),
+        results,
     ).when(sfn.Condition.is_present("$.Cancelled"), wait).when(
         sfn.Condition.and_(
-            sfn.Condition.is_present("$.Grace"),
-            sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0),
+            sfn.Condition.is_present("$.Grace"), sfn.Condition.or_(node_ended, node_gone)
         ),
         cancel,
-    ).when(sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0), grace).otherwise(
-        wait
-    )
-    send.next(wait).next(poll).next(ended)
+    ).when(node_gone, gone).when(node_ended, grace).otherwise(wait)
+    send.next(wait).next(poll).next(nodes).next(alive).next(ended)
+    gone.next(grace)
     grace.next(wait_grace).next(poll)
     cancel.next(cancelled).next(wait)
     return results
 
 
 def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
-    """<Document>Classify, for one invocation: ok, leg (ended at its time limit), replaced,
-    roll or bad. An invocation that was never delivered has no plugin and so no ResponseCode:
-    bad."""
+    """<Document>Classify, for one invocation ($.Invocation, with $.Running: the IDs of the
+    batch's nodes that still ran at the last poll): {"Class": ok, leg (ended at its time limit),
+    replaced, roll or bad, "Cause": what happened on the node, in words (not for ok and leg)}.
+    An invocation that was never delivered has no plugin and so no ResponseCode: bad."""
     p = document
     classify = sfn.Choice(t.scope, f"{p}Classify")
     by_code = sfn.Choice(t.scope, f"{p}ByCode")
-    ok = sfn.Pass(t.scope, f"{p}Ok", result=sfn.Result.from_string("ok"))
-    bad = sfn.Pass(t.scope, f"{p}Bad", result=sfn.Result.from_string("bad"))
+    on_node = sfn.Choice(t.scope, f"{p}NodeRan")
+    instance, code = "$.Invocation.InstanceId", "$.Plugin.ResponseCode"
+
+    def verdict(name: str, kind: str, cause: str | None = None) -> sfn.Pass:
+        parameters = {"Class": kind}
+        if cause is not None:
+            parameters["Cause"] = cause
+        return sfn.Pass(t.scope, f"{p}{name}", parameters=parameters)
+
+    ok = verdict("Ok", "ok")
+    failed = verdict(
+        "Bad",
+        "bad",
+        sfn.JsonPath.format(
+            CAUSE_FAILED.format(document=p),
+            sfn.JsonPath.string_at(instance),
+            sfn.JsonPath.string_at(code),
+        ),
+    )
     plugin = sfn.Pass(
         t.scope,
         f"{p}Plugin",
         parameters={
-            "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
-            "Plugin": sfn.JsonPath.object_at("$.CommandPlugins[0]"),
+            "Invocation": sfn.JsonPath.object_at("$.Invocation"),
+            "Plugin": sfn.JsonPath.object_at("$.Invocation.CommandPlugins[0]"),
         },
     )
     plugin.next(by_code)
-    code = "$.Plugin.ResponseCode"
-    classify.when(sfn.Condition.string_equals("$.Status", "Success"), ok).when(
+    # Not ended, cancelled, timed out, never delivered: did its node still run?
+    running = sfn.Pass(
+        t.scope,
+        f"{p}NodeRunning",
+        parameters={
+            "Invocation": sfn.JsonPath.object_at("$.Invocation"),
+            "Ran.$": "States.ArrayContains($.Running, $.Invocation.InstanceId)",
+        },
+    )
+    running.next(on_node)
+    on_node.when(
+        sfn.Condition.boolean_equals("$.Ran", False),
+        verdict(
+            "Gone",
+            "bad",
+            sfn.JsonPath.format(CAUSE_GONE.format(document=p), sfn.JsonPath.string_at(instance)),
+        ),
+    ).otherwise(
+        verdict(
+            "Other",
+            "bad",
+            sfn.JsonPath.format(
+                CAUSE_ENDED.format(document=p),
+                sfn.JsonPath.string_at(instance),
+                sfn.JsonPath.string_at("$.Invocation.StatusDetails"),
+            ),
+        )
+    )
+    classify.when(sfn.Condition.string_equals("$.Invocation.Status", "Success"), ok).when(
         sfn.Condition.and_(
-            sfn.Condition.string_equals("$.Status", "Failed"),
-            sfn.Condition.is_present("$.CommandPlugins[0]"),
+            sfn.Condition.string_equals("$.Invocation.Status", "Failed"),
+            sfn.Condition.is_present("$.Invocation.CommandPlugins[0]"),
         ),
         plugin,
-    ).otherwise(bad)
+    ).otherwise(running)
     if document == "RunTraining":
         by_code.when(
-            sfn.Condition.number_equals(code, LEG_TIME_LIMIT_STATUS),
-            sfn.Pass(t.scope, f"{p}Leg", result=sfn.Result.from_string("leg")),
+            sfn.Condition.number_equals(code, LEG_TIME_LIMIT_STATUS), verdict("Leg", "leg")
         )
     if document == "Preflight":
         mark = t.sdk(
@@ -244,18 +359,37 @@ def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
             "autoscaling",
             "setInstanceHealth",
             {
-                "InstanceId": sfn.JsonPath.string_at("$.InstanceId"),
+                "InstanceId": sfn.JsonPath.string_at(instance),
                 "HealthStatus": "Unhealthy",
                 "ShouldRespectGracePeriod": False,
             },
             [t.group_arn()],
             iam_action="autoscaling:SetInstanceHealth",
         )
-        mark.add_catch(bad, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-        mark.next(sfn.Pass(t.scope, f"{p}Replaced", result=sfn.Result.from_string("replaced")))
+        mark.add_catch(failed, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+        mark.next(
+            verdict(
+                "Replaced",
+                "replaced",
+                sfn.JsonPath.format(
+                    "{}: Preflight found a Neuron hardware error (status {}); marked unhealthy, "
+                    "the group replaces the node",
+                    sfn.JsonPath.string_at(instance),
+                    sfn.JsonPath.string_at(code),
+                ),
+            )
+        )
         by_code.when(sfn.Condition.number_equals(code, REPLACE_NODE_STATUS), mark).when(
             sfn.Condition.number_equals(code, ROLL_FLEET_STATUS),
-            sfn.Pass(t.scope, f"{p}Roll", result=sfn.Result.from_string("roll")),
+            verdict(
+                "Roll",
+                "roll",
+                sfn.JsonPath.format(
+                    "{}: Preflight found that the nodes run different software (status {})",
+                    sfn.JsonPath.string_at(instance),
+                    sfn.JsonPath.string_at(code),
+                ),
+            ),
         )
-    by_code.otherwise(bad)
+    by_code.otherwise(failed)
     return classify

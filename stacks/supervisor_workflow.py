@@ -9,7 +9,7 @@ around it is stacks/supervisor.py.
     ReadGroup → SelectHealthy → CountNodes → FullSet
     FullSet         all nodes InService and Healthy → ReadAddresses
                     otherwise → WaitForNodes → CountNodeWait → KeepWaiting
-    KeepWaiting     MAX_NODE_WAITS polls → HandOver; otherwise → ReadGroup
+    KeepWaiting     MAX_NODE_WAITS polls → DescribeLongWait → HandOver; otherwise → ReadGroup
     ReadAddresses → StartHostList → MoreHosts ⇄ AddHost;
                     MoreHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
     NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
@@ -18,12 +18,13 @@ around it is stacks/supervisor.py.
                     otherwise → RunTraining (RunTrainingBatches … RunTrainingVerdict)
                     → TrainingOutcome
     TrainingOutcome a bad node → StopFilter → StopFilters → ListStopCommands → AnyStopCommand
-                    a leg end → CountLeg → NotifyLeg → HandOver
+                    a leg end → CountLeg → DescribeLeg → NotifyLeg → HandOver
                     otherwise → NotifyFinish → JobFinished (succeeds)
     AnyStopCommand  some → StopCommandJobs → StopMatched → WasStopped; none → RetryLeft
     WasStopped      this job's → NotifyStopped → JobStopped (fails); otherwise → RetryLeft
-    RetryLeft       none left → NotifyFailure → JobFailed (fails)
-                    otherwise → CountRetry → NotifyRetry → WaitBeforeRetry → HandOver
+    RetryLeft       none left → DescribeFailure → NotifyFailure → JobFailed (fails)
+                    otherwise → CountRetry → DescribeRetry → NotifyRetry → WaitBeforeRetry
+                    → HandOver
     HandOver → NameSuccessor → SuccessorInput → StartSuccessor → HandedOver
              → JobContinues (succeeds; the successor execution goes on with the job)
 
@@ -97,8 +98,9 @@ def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
     s.wait_for_nodes.next(s.count_node_wait).next(s.keep_waiting)
     s.keep_waiting.when(
         sfn.Condition.number_greater_than_equals("$.NodeWaits.Count", MAX_NODE_WAITS),
-        s.hand_over,
+        s.describe_long_wait,
     ).otherwise(s.read_group)
+    s.describe_long_wait.next(s.hand_over)
 
     # The host list "a,b,c", one address at a time (ASL has no join): the loop, then its entry.
     s.more_hosts.when(
@@ -139,7 +141,7 @@ def run_an_attempt(s: SupervisorStates) -> None:
 def after_a_leg_end(s: SupervisorStates) -> None:
     """Every node ended its leg at the time limit with a checkpoint: the next leg resumes from
     it without spending a retry."""
-    s.count_leg.next(s.notify_leg).next(s.hand_over)
+    s.count_leg.next(s.describe_leg).next(s.notify_leg).next(s.hand_over)
 
 
 def after_a_failure(s: SupervisorStates) -> None:
@@ -162,10 +164,12 @@ def after_a_failure(s: SupervisorStates) -> None:
         sfn.Condition.number_greater_than_equals_json_path(
             "$.Counters.Retries", "$.Job.MaxRetries"
         ),
-        s.notify_failure,
+        s.describe_failure,
     ).otherwise(s.count_retry)
-    s.notify_failure.next(s.job_failed)
-    s.count_retry.next(s.notify_retry).next(s.wait_before_retry).next(s.hand_over)
+    s.describe_failure.next(s.notify_failure).next(s.job_failed)
+    s.count_retry.next(s.describe_retry).next(s.notify_retry).next(s.wait_before_retry).next(
+        s.hand_over
+    )
 
 
 def hand_over(s: SupervisorStates) -> None:

@@ -311,3 +311,47 @@ def test_cancelling_the_survivors_rides_out_throttling(aws: FakeAws) -> None:
     assert result.summary().startswith("RunTraining failed on node 1")
     aws.verify()
     assert any("while cancelling the command; trying again" in line for line in aws.lines)
+
+
+# ------------------------------------------------------------------ what happened
+def test_jobs_lists_under_each_job_why_its_supervisor_retried_continued_or_failed() -> None:
+    """The morning's `jobs`: under the job's row, oldest first, each hand-over's `Why` (a retry
+    with what happened on each node, a new leg) and the cause of the failure that ended it, as
+    the supervisor wrote them (stacks/supervisor_outcomes.py: HandedOver, JobFailed)."""
+    import json
+    from datetime import UTC, datetime
+
+    from scripts.cluster_lib.jobs import JobRow, rows_text, story_of
+
+    def pair(name: str, status: str, day: int, **described: Any) -> tuple[dict, dict]:
+        listed = {
+            "name": name,
+            "status": status,
+            "stopDate": datetime(2026, 11, day, 3, 12, tzinfo=UTC),
+        }
+        return listed, {"name": name, "status": status, **described}
+
+    gone = "i-0abc: node gone (its instance no longer runs); RunTraining never ended"
+    retry = (
+        f'retry 1 of 2: attempt 1 failed: [["{gone}","i-0def: RunTraining failed with status 1"]]'
+    )
+    leg = "leg 1 ended at its time limit and saved a checkpoint; leg 2 resumes from it"
+    failure = 'attempt 3 failed after 2 retries: [["i-0def: RunTraining failed with status 1"]]'
+    chain = [  # newest first, as Executions.chains gives it
+        pair("bert-1-20261124-031200", "FAILED", 24, error="JobFailed", cause=failure),
+        pair("bert-1-20261123-031200", "SUCCEEDED", 23,
+             output=json.dumps({"ContinuedAs": "bert-1-20261124-031200", "Why": leg})),
+        pair("bert-1-20261122-031200", "SUCCEEDED", 22,
+             output=json.dumps({"ContinuedAs": "bert-1-20261123-031200", "Why": retry})),
+    ]  # fmt: skip
+    story = story_of(chain)
+    assert story == [
+        f"2026-11-22 03:12  {retry}",
+        f"2026-11-23 03:12  {leg}",
+        f"2026-11-24 03:12  failed: {failure}",
+    ]
+    # A stopped or refused job, or one that finished, adds nothing of its own.
+    assert story_of([pair("x", "FAILED", 24, error="JobStopped", cause="stopped")]) == []
+    row = JobRow("bert-1", "FAILED", datetime(2026, 11, 22, tzinfo=UTC), "2d03h", story=story)
+    lines = list(rows_text([row]))
+    assert lines[1].startswith("bert-1 ") and lines[2:] == [f"    {line}" for line in story]

@@ -19,7 +19,7 @@ import contextlib
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +32,7 @@ from scripts.cluster_lib.documents import CLI_LABELS, job_parameters, load
 from scripts.cluster_lib.executions import (
     UNKNOWN_FIELD,
     Executions,
+    Pair,
     continued_as,
     execution_name,
     job_of,
@@ -83,6 +84,29 @@ class JobRow:
     step: str = "-"
     accuracy: str = "-"
     execution: str = ""
+    #: What happened, oldest first: each retry with its causes, each new leg, each long wait
+    #: for nodes, and the failure that ended the job (story_of).
+    story: list[str] = field(default_factory=list)
+
+
+def story_of(chain: list[Pair]) -> list[str]:
+    """Why a job's executions (a chain, newest first: Executions.chains) handed it over or
+    ended, oldest first, each with the time it happened: the `Why` of a hand-over's output (a
+    retry and what happened on each node, a new leg, a long wait for nodes) and the cause of a
+    failed job (stacks/supervisor_outcomes.py)."""
+    lines = []
+    for listed, described in reversed(chain):
+        ended = listed.get("stopDate")
+        when = f"{ended:%Y-%m-%d %H:%M}" if ended else "-"
+        why = None
+        if continued_as(described):
+            with contextlib.suppress(ValueError, AttributeError):
+                why = json.loads(described.get("output") or "{}").get("Why")
+        elif described.get("error") == FAILED:
+            why = f"failed: {described.get('cause', '')}"
+        if why:
+            lines.append(f"{when}  {why}")
+    return lines
 
 
 class Jobs:
@@ -323,7 +347,8 @@ class Jobs:
         """The newest `limit` jobs with status, duration, attempts and the last step and
         accuracy rank 0 reported (where its node and output are still there). A job that its
         supervisor handed over from execution to execution is one row: the status and
-        counters of the newest execution, the time since the oldest one started."""
+        counters of the newest execution, the time since the oldest one started, and under it
+        why each execution handed the job over or ended it (story_of)."""
         now = datetime.now(UTC)
         rows: list[JobRow] = []
         chains = self.chains(limit)
@@ -342,6 +367,7 @@ class Jobs:
                 started=started,
                 duration=_duration((ended - started).total_seconds()),
                 execution=newest["name"],
+                story=story_of(chain),
             )
             with contextlib.suppress(*UNKNOWN_FIELD):
                 counters = self.executions.counters(newest["executionArn"])
@@ -415,3 +441,5 @@ def rows_text(rows: list[JobRow]) -> Iterator[str]:
             f"{r.job_id:<24} {r.status:<10} {r.started:%Y-%m-%d %H:%M} {r.duration:>8} "
             f"{r.attempts:>8} {r.retries:>7} {r.legs:>4} {r.step:>12}  {r.accuracy}"
         )
+        for line in r.story:
+            yield f"    {line}"
