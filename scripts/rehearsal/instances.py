@@ -7,6 +7,11 @@ paths, the venv at /opt/aws_neuronx_venv_pytorch_2_9, the node scripts and the w
 /opt/trainium-cluster, cluster.env and node.env in /etc/trainium-cluster. Its agent
 (node_agent.py) then runs the commands the SSM stand-in (ssm_stand_in.py) drops into its spool
 folder. A replaced instance gets a new ID in the same slot.
+
+Faults a rehearsal can give a node (tests/test_fault_rehearsals.py): `reboot` (every process
+dies, the agent starts again, and the node is left as its bootstrap leaves it, failed or
+ready), `sigkill` (SIGKILL from outside the agent to the process the kernel's OOM killer
+picks, or to torchrun) and `remove_efa_device` (fi_info lists one EFA device fewer).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +32,7 @@ from pathlib import Path
 
 from scripts.cluster_lib import REPO_ROOT, ClusterError
 from scripts.rehearsal.hosts import NetnsHosts
+from stacks.instance_types import INSTANCE_TYPES
 
 REGION = "us-east-1"
 ZONE = "us-east-1a"
@@ -32,6 +40,10 @@ NEURON_VENV = "/opt/aws_neuronx_venv_pytorch_2_9"
 INSTALL_ROOT = "/opt/trainium-cluster"
 INSTANCE_TYPE = "trn1.32xlarge"
 IMAGE_ID = "ami-0000000000rehearsal"
+CLUSTER_ENV = "/etc/trainium-cluster/cluster.env"
+#: Bootstrap's markers (scripts/node/lib.sh READY_MARKER, bootstrap.sh FAILED_MARKER).
+READY_MARKER = "/var/lib/trainium-cluster/ready"
+BOOTSTRAP_FAILED_MARKER = "/var/lib/trainium-cluster/failed"
 
 # Fake Neuron and EFA tools, installed at their DLAMI paths inside each node. neuron-ls
 # reports one device whose cores are "in use" by the trainers running in this node's network
@@ -59,11 +71,43 @@ case $1 in
 esac
 echo "Avg bus bandwidth: 1.0GB/s (rehearsal)"
 """
-FAKE_FI_INFO = """#!/bin/sh
-echo "provider: efa"
-echo "    fabric: efa"
-echo "    domain: rdmap0s0-rdm"
-"""
+# fi_info lists the node's EFA devices, one per line of EFA_DEVICES (a test takes one away
+# with `Instances.remove_efa_device`), in the form `fi_info -p efa -t FI_EP_RDM` prints on an
+# EFA instance: one block per device, its domain the device's name with "-rdm" (the RDM
+# endpoint; "-dgrm" for FI_EP_DGRAM). Without a device, fi_getinfo fails with -FI_ENODATA:
+# fi_info prints "fi_getinfo: -61 (No data available)" and exits 61 (libfabric util/info.c:
+# print_short_info, run, and main's `return -ret`).
+EFA_DEVICES = "/opt/amazon/efa/rehearsal-devices"
+FAKE_FI_INFO = r"""#!/bin/sh
+provider="" type=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    -p|--provider) provider=$2; shift 2 ;;
+    -t|--ep_type) type=$2; shift 2 ;;
+    *) echo "fi_info (rehearsal): only -p and -t are supported, got '$1'" >&2; exit 2 ;;
+  esac
+done
+found=0
+for device in $(cat __DEVICES__ 2>/dev/null); do
+  for kind in FI_EP_RDM FI_EP_DGRAM; do
+    [ -z "$type" ] || [ "$type" = "$kind" ] || continue
+    [ -z "$provider" ] || [ "$provider" = efa ] || continue
+    suffix=rdm
+    [ "$kind" = FI_EP_DGRAM ] && suffix=dgrm
+    echo "provider: efa"
+    echo "    fabric: efa"
+    echo "    domain: $device-$suffix"
+    echo "    version: 122.0"
+    echo "    type: $kind"
+    echo "    protocol: FI_PROTO_EFA"
+    found=1
+  done
+done
+if [ $found = 0 ]; then
+  echo "fi_getinfo: -61 (No data available)" >&2
+  exit 61
+fi
+""".replace("__DEVICES__", EFA_DEVICES)
 FAKE_LSMOD = """#!/bin/sh
 echo "Module                  Size  Used by"
 echo "neuron                462848  0"
@@ -75,6 +119,21 @@ echo "[    1.000000] neuron: driver loaded (rehearsal node)"
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def _proc(pid: int, name: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class Killed:
+    """A process a fault killed: its PID and command line."""
+
+    pid: int
+    command: str
 
 
 @dataclass
@@ -129,7 +188,7 @@ class Instances:
         self.cores_per_node = cores_per_node
         #: Lines every node's cluster.env gets after the rehearsal's own (launch.sh exports
         #: them to the job), e.g. TRAINIUM_HOLD_AFTER_STEP (workload/stop.py).
-        self.node_settings = node_settings
+        self.node_settings = dict(node_settings)
         self.python = python
         self.software_version = software_version()
         self.instances: list[Instance] = []
@@ -144,6 +203,14 @@ class Instances:
         instance = Instance(slot, instance_id, self.hosts.addresses[slot], root)
         mounts = self.lay_out(instance)
         (root / "mounts.json").write_text(json.dumps(mounts))
+        self.start_agent(instance)
+        return instance
+
+    def start_agent(self, instance: Instance) -> None:
+        """Starts the node's agent (at boot): it mounts the node's file system in a mount
+        namespace of its own and serves the spool."""
+        root, instance_id, slot = instance.root, instance.instance_id, instance.slot
+        (instance.spool / "agent.json").unlink(missing_ok=True)
         log = (root / "agent.log").open("ab")
         instance.agent = subprocess.Popen(
             self.hosts.command(
@@ -174,7 +241,29 @@ class Instances:
                     f"{(root / 'agent.log').read_text().strip()[-500:]}"
                 )
             time.sleep(0.1)
-        return instance
+
+    def cluster_env(self) -> str:
+        """The nodes' cluster.env: the rehearsal's settings, then the node settings."""
+        settings = {
+            "CLUSTER_NAME": self.cluster_name,
+            "AWS_REGION": REGION,
+            "INSTANCE_TYPE": INSTANCE_TYPE,
+            "NODE_COUNT": str(self.hosts.count),
+            "FSX_MOUNT_POINT": str(self.output),
+            "WORKLOAD_DIR": f"{INSTALL_ROOT}/workload",
+            "NEURON_VENV": NEURON_VENV,
+            "METRICS_NAMESPACE": "TrainiumCluster",
+            "SOFTWARE_VERSION": self.software_version,
+            "PREFLIGHT_MIN_FREE_GB": "1",
+            # The instance type's EFA devices: preflight expects fi_info to list that many.
+            "EFA_DEVICE_COUNT": str(INSTANCE_TYPES[INSTANCE_TYPE].efa_interfaces),
+            # Rehearsal nodes share two cores and have no network beyond the bridge.
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            **self.node_settings,
+        }
+        return "".join(f"{k}={v}\n" for k, v in settings.items())
 
     def lay_out(self, instance: Instance) -> list[dict[str, str]]:
         """Writes the node's files into overlay upper folders; returns the mounts."""
@@ -204,27 +293,12 @@ class Instances:
         )
         install("/opt", "aws/neuron/bin/nccom-test", FAKE_NCCOM_TEST)
         install("/opt", "amazon/efa/bin/fi_info", FAKE_FI_INFO)
+        devices = [f"rdmap{n}s0" for n in range(INSTANCE_TYPES[INSTANCE_TYPE].efa_interfaces)]
+        install("/opt", EFA_DEVICES.removeprefix("/opt/"), "".join(f"{d}\n" for d in devices),
+                0o644)  # fmt: skip
         install("/usr/local", "sbin/lsmod", FAKE_LSMOD)
         install("/usr/local", "sbin/dmesg", FAKE_DMESG)
-        settings = {
-            "CLUSTER_NAME": self.cluster_name,
-            "AWS_REGION": REGION,
-            "INSTANCE_TYPE": INSTANCE_TYPE,
-            "NODE_COUNT": str(self.hosts.count),
-            "FSX_MOUNT_POINT": str(self.output),
-            "WORKLOAD_DIR": f"{INSTALL_ROOT}/workload",
-            "NEURON_VENV": NEURON_VENV,
-            "METRICS_NAMESPACE": "TrainiumCluster",
-            "SOFTWARE_VERSION": self.software_version,
-            "PREFLIGHT_MIN_FREE_GB": "1",
-            # Rehearsal nodes share two cores and have no network beyond the bridge.
-            "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1",
-            **self.node_settings,
-        }
-        install("/etc", "trainium-cluster/cluster.env",
-                "".join(f"{k}={v}\n" for k, v in settings.items()), 0o644)  # fmt: skip
+        install("/etc", "trainium-cluster/cluster.env", self.cluster_env(), 0o644)
         node_env = {
             "AMI_ID": IMAGE_ID,
             "LAUNCH_TEMPLATE_VERSION": "1",
@@ -256,6 +330,93 @@ class Instances:
         if instance.agent is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 instance.agent.wait(timeout=10)
+
+    # ------------------------------------------------------------------ faults
+    def upper(self, instance: Instance, path: str) -> Path:
+        """Where a file of the node (an absolute path under /etc, /opt, /var or /usr/local)
+        lies on this machine: in the overlay's upper folder, which outlives a reboot."""
+        top = next(t for t in ("/etc", "/opt", "/var", "/usr/local") if path.startswith(t + "/"))
+        return instance.root / "upper" / top.strip("/").replace("/", "-") / path[len(top) + 1 :]
+
+    def set_node_setting(self, name: str, value: str) -> None:
+        """Changes one node setting in every running node's cluster.env (and in the nodes
+        launched later): the node scripts read it when they next start, e.g. a new
+        TRAINIUM_HOLD_AFTER_STEP for a retry."""
+        self.node_settings[name] = value
+        for instance in self.running():
+            self.upper(instance, CLUSTER_ENV).write_text(self.cluster_env())
+
+    def reboot(self, instance: Instance, *, bootstrap_error: str | None) -> None:
+        """The instance reboots: every process on it dies (the job's, the agent's), the agent
+        starts again and the node is left as its bootstrap leaves it: with `bootstrap_error`,
+        no ready marker and the failed marker holding the time and that line; without, the
+        ready marker. Bootstrap's own tests show it leaves exactly that
+        (tests/test_bootstrap.py,
+        test_bootstrap_failure_names_the_phase_and_line_and_leaves_no_ready_marker): this
+        writes its end state instead of running it, the phases needing AWS and hardware.
+        Bootstrap also asks the Auto Scaling group to replace a node whose later boot failed
+        (SetInstanceHealth); the stand-in leaves that call out, as when it fails, so that the
+        node stays until the supervisor's preflight finds it (exit 3), the harder case.
+
+        The SSM agent keeps its documents' state on disk: at its start it drops nothing of a
+        finished command and runs again the step of a command that was in progress
+        (amazon-ssm-agent agent/framework/processor/processor.go,
+        processInProgressDocuments; agent/framework/runpluginutil/runpluginutil.go runs a
+        plugin whose status is InProgress). The spool is left that way for the new agent:
+        the ended commands' specs go, those in progress stay and run again."""
+        self.hosts.kill(instance.slot)
+        if instance.agent is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                instance.agent.wait(timeout=10)
+        for spec in sorted((instance.spool / "commands").glob("*.json")):
+            status = Path(json.loads(spec.read_text())["dir"]) / "status.json"
+            ended = status.is_file() and json.loads(status.read_text())["status"] != "InProgress"
+            if ended:
+                done = instance.spool / "done"
+                done.mkdir(exist_ok=True)
+                spec.replace(done / spec.name)
+        ready = self.upper(instance, READY_MARKER)
+        failed = self.upper(instance, BOOTSTRAP_FAILED_MARKER)
+        ready.unlink(missing_ok=True)
+        failed.unlink(missing_ok=True)
+        if bootstrap_error is None:
+            ready.write_text("ready (rehearsal node, rebooted)\n")
+        else:
+            failed.write_text(f"{now():%Y-%m-%dT%H:%M:%SZ} {bootstrap_error}\n")
+        self.start_agent(instance)
+
+    def sigkill(self, instance: Instance, victim: str = "largest") -> Killed:
+        """SIGKILL from outside the agent to one process of the node, as the kernel's OOM
+        killer sends it: `largest` is the process it picks, the highest
+        /proc/<pid>/oom_score (the kernel's own badness, mm/oom_kill.c oom_badness: mostly
+        resident memory; on a training node, a trainer); `torchrun` is the node's torchrun.
+        Tests also end a node's trainer this way where a failing collective would end it."""
+        if victim not in ("largest", "torchrun"):
+            raise ClusterError(f"victim {victim!r} is not allowed: use largest or torchrun")
+        candidates = []
+        for pid in self.node_pids(instance.slot):
+            argv = _proc(pid, "cmdline").split("\0")
+            score = _proc(pid, "oom_score").strip()
+            if not score or not argv[0]:
+                continue
+            is_torchrun = any(a.rsplit("/", 1)[-1] == "torchrun" for a in argv[:2])
+            if victim == "torchrun" and not is_torchrun:
+                continue
+            candidates.append((int(score), pid, " ".join(argv).strip()))
+        if not candidates:
+            raise ClusterError(f"no {victim} process runs on {instance.instance_id}")
+        _, pid, command = max(candidates)
+        os.kill(pid, signal.SIGKILL)
+        return Killed(pid, command)
+
+    def remove_efa_device(self, instance: Instance) -> str:
+        """One of the node's EFA devices goes away (fi_info no longer lists it); its name."""
+        path = self.upper(instance, EFA_DEVICES)
+        devices = path.read_text().split()
+        if not devices:
+            raise ClusterError(f"{instance.instance_id} has no EFA device left to lose")
+        path.write_text("".join(f"{d}\n" for d in devices[:-1]))
+        return devices[-1]
 
     def replace(self, instance: Instance) -> Instance:
         """The instance goes away and a new one starts in its slot."""
