@@ -488,6 +488,9 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
         ], subjects
         assert "retry 1 of 1" in cloud.notifications[1]["Message"]
         assert command.command_id in cloud.notifications[1]["Message"]
+        # The retry names what happened on the node: its invocation was cancelled.
+        cause = f"{victim.instance_id}: RunTraining ended Cancelled"
+        assert cause in cloud.notifications[1]["Message"], cloud.notifications[1]
         entered = supervisor.entered(execution)
         assert entered.count("PreflightBatches") == 2 and entered.count("RunTrainingBatches") == 2
         assert "RunTrainingCancelRest" in entered or "RunTrainingGraceStarts" in entered
@@ -606,6 +609,8 @@ def test_a_node_whose_preflight_reports_a_hardware_error_is_replaced_and_the_job
         assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 10
         subjects = [n["Subject"].rsplit(" ", 1)[-1] for n in cloud.notifications]
         assert subjects == ["started", "retries", "finished"], subjects
+        cause = f"{victim.instance_id}: Preflight found a Neuron hardware error (status 3)"
+        assert cause in cloud.notifications[1]["Message"], cloud.notifications[1]
 
 
 @pytest.mark.slow
