@@ -181,14 +181,15 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
 
 @pytest.mark.parametrize(
     ("nodes", "requested", "expected"),
-    [("2", None, 300), ("2", 70, 70), ("64", None, 300), ("500", None, 2131)],
+    [("2", None, 300), ("2", 125, 125), ("64", None, 300), ("300", None, 1248)],
 )
 def test_the_check_interval_fits_one_attempt_in_an_execution_history(
     aws: FakeAws, nodes: str, requested: int | None, expected: int
 ) -> None:
-    """A 48-hour attempt polled every PollSeconds by each batch of 50 nodes, 9 events a poll,
-    stays within what the rest of the attempt leaves of the 25,000 events a standard execution
-    keeps (Step Functions quotas): 70 s on 2 nodes, 2131 s at 500."""
+    """A 48-hour attempt polled every PollSeconds by each batch of 50 nodes, 16 events a poll
+    (the poll reads the command and checks that the batch's instances still run), stays within
+    what the rest of the attempt leaves of the 25,000 events a standard execution keeps (Step
+    Functions quotas): 125 s on 2 nodes, 1248 s at 300."""
     from scripts.cluster_lib.jobs import Jobs
 
     aws.stack({**OUTPUTS, "NodeCount": nodes})
@@ -204,7 +205,7 @@ def test_a_check_interval_too_short_for_the_history_is_refused_in_one_line(aws: 
     assert str(raised.value) == (
         "--check-every 120 is too short for 64 nodes: an attempt of up to 48 hours checked "
         "that often would outgrow the 25,000 history events a supervisor execution keeps; use "
-        "at least 153"
+        "at least 272"
     )
 
 
