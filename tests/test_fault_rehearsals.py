@@ -29,6 +29,7 @@ import pytest
 
 from scripts.cluster_lib.documents import join_train_args
 from scripts.rehearsal.instances import Instance, Killed
+from tests.cdk_support import Synth
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -36,7 +37,6 @@ from tests.test_rehearsal import (
     gone,
     held,
     job_metrics,
-    operations,
     sample_data,
     short_legs,
     stand_in,
@@ -46,7 +46,7 @@ from tests.test_rehearsal import (
 from tests.test_supervisor import FAST, default, supervised
 from workload.stop import HOLD_VARIABLE
 
-__all__ = ["default", "operations", "sample_data", "short_legs"]  # fixtures shared here
+__all__ = ["default", "sample_data", "short_legs"]  # fixtures shared here
 
 #: How long the rehearsal makes the checkpoint save take: longer than the 30 s torch 2.9's
 #: torchrun gives its workers between SIGTERM and SIGKILL (elastic/multiprocessing/api.py,
@@ -136,7 +136,7 @@ def slow_saves(tmp_path: Path) -> dict[str, str]:
 def test_stop_lets_the_trainers_finish_a_save_longer_than_30_s(
     tmp_path: Path,
     sample_data: Path,
-    operations: tuple[str, dict[str, Any]],
+    default: Synth,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """`cluster.py stop` (StopTraining, stop.sh with its 120 s grace) while the trainers hold
@@ -147,7 +147,7 @@ def test_stop_lets_the_trainers_finish_a_save_longer_than_30_s(
     the middle of that save: no checkpoint, no summary.)"""
     from scripts.rehearsal.supervisor import local_supervisor
 
-    cluster_name, template = operations
+    cluster_name, template = default.config.cluster_name, default.templates["operations"]
     job = "slowsave"
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "1000",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
@@ -208,7 +208,7 @@ def output_of(command: Any, instance: Instance) -> str:
 @pytest.mark.slow
 @pytest.mark.netns
 def test_oom_kills_then_a_lost_efa_device_and_a_failed_bootstrap_the_job_finishes(
-    tmp_path: Path, sample_data: Path, default: Any
+    tmp_path: Path, sample_data: Path, default: Synth
 ) -> None:
     """One two-node job, its trainers held at known steps while each fault is dealt:
 
