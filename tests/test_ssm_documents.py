@@ -101,6 +101,41 @@ def test_every_document_in_the_folder_is_one_of_the_four() -> None:
     assert sorted(EXPECTED) == sorted(DOCUMENT_NAMES)
 
 
+def timeouts() -> list[tuple[str, str, Any]]:
+    """Every step timeout: (document, step, timeoutSeconds)."""
+    return [
+        (name, step["name"], step["inputs"]["timeoutSeconds"])
+        for name in DOCUMENT_NAMES
+        for step in raw(name)["mainSteps"]
+        if "timeoutSeconds" in step["inputs"]
+    ]
+
+
+def test_execution_timeouts_are_within_what_the_agent_honours() -> None:
+    """The agent replaces a timeoutSeconds outside 5..172800 with 3600, silently
+    (aws/amazon-ssm-agent agent/plugins/pluginutil/pluginutil.go: minExecutionTimeoutInSeconds
+    5, maxExecutionTimeoutInSeconds 172800, defaultExecutionTimeoutInSeconds 3600). A parameter
+    that sets it must accept exactly that range, through the agent's own Go regexp."""
+    parameters = []
+    for name, step, timeout in timeouts():
+        match = PLACEHOLDER.fullmatch(str(timeout))
+        if match is None:
+            assert 5 <= int(timeout) <= 172800, f"{name}.{step} timeoutSeconds {timeout}"
+        else:
+            parameters.append(load(name).parameters[match.group(1)])
+    assert [p.name for p in parameters] == ["ExecutionTimeout"]
+    values = ["4", "5", "9", "10", "99999", "100000", "169999", "171999", "172799", "172800",
+              "172801", "180000", "999999", "0", "05", "1", "1728000"]  # fmt: skip
+    for parameter in parameters:
+        errors = go_check([go_case(parameter, value) for value in values])
+        accepted = [v for v, error in zip(values, errors, strict=True) if error is None]
+        assert accepted == [v for v in values if v == str(int(v)) and 5 <= int(v) <= 172800]
+        assert accepted == [
+            "5", "9", "10", "99999", "100000", "169999", "171999", "172799", "172800"
+        ]  # fmt: skip
+        assert [v for v in values if cli_accepts(parameter, v)] == accepted
+
+
 @pytest.mark.parametrize("name", DOCUMENT_NAMES)
 def test_document_is_a_shell_command_document(name: str) -> None:
     content = raw(name)
