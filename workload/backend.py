@@ -112,9 +112,10 @@ class Backend:
     autocast_dtype: torch.dtype | None = None
     #: Under xla: the PJRT device type ("NEURON", "CPU", "CUDA", "TPU").
     xla_device_type: str | None = None
-    #: A gloo group for host-side coordination (barriers, small Python objects), so that
-    #: bookkeeping never puts a collective (and a compilation) into the device graph.
-    control_group: Any = None
+    #: Host-side coordination over gloo (barriers, flags, small Python objects), so that
+    #: bookkeeping never puts a collective (and a compilation) into the device graph: one
+    #: group over all ranks on cpu and cuda, a ``NodeTree`` under xla. None alone.
+    control: Control | None = None
     owns_process_group: bool = False
 
     @property
@@ -268,33 +269,21 @@ class Backend:
     # -- host-side coordination ------------------------------------------------------------
 
     def barrier(self) -> None:
-        if self.control_group is not None:
-            dist.barrier(group=self.control_group)
+        if self.control is not None:
+            self.control.barrier()
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
-        if self.control_group is None:
-            return [obj]
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, obj, group=self.control_group)
-        return gathered
+        return [obj] if self.control is None else self.control.all_gather_object(obj)
 
     def any_rank(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is true on any rank: one host-side all-reduce
-        over the control group (gloo), so nothing enters the device graph."""
-        if self.control_group is None:
-            return flag
-        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.control_group)
-        return bool(value.item())
+        """True on every rank when ``flag`` is true on any rank: host-side all-reduces over
+        the control groups (gloo), so nothing enters the device graph."""
+        return flag if self.control is None else self.control.any_rank(flag)
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
-        if self.control_group is None:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.control_group)
-        return box[0]
+        return obj if self.control is None else self.control.broadcast_object(obj)
 
     # -- randomness ------------------------------------------------------------------------
 
@@ -354,6 +343,135 @@ class Backend:
     def close(self) -> None:
         if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class Control:
+    """Host-side coordination of all ranks over gloo: what ``Backend`` needs of it."""
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def any_rank(self, flag: bool) -> bool:
+        raise NotImplementedError
+
+    def broadcast_object(self, obj: Any) -> Any:
+        raise NotImplementedError
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        raise NotImplementedError
+
+
+class OneGroup(Control):
+    """One group over all ranks (cpu: the gloo world itself; cuda: a gloo group beside
+    NCCL's). gloo connects every pair of a group's ranks, one socket per peer."""
+
+    def __init__(self, group: Any, world_size: int) -> None:
+        self.group = group
+        self.world_size = world_size
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def any_rank(self, flag: bool) -> bool:
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(value.item())
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj, group=self.group)
+        return gathered
+
+
+class NodeTree(Control):
+    """Coordination without a group over all ranks: a gloo group per node (its local
+    ranks) and one of the nodes' local rank 0s, the leaders; each operation goes up the
+    node, across the leaders and back down. A group over all ranks would be a full mesh
+    (one socket per peer in every process: 32 x nodes on trn1.32xlarge, past the open-file
+    limit and the rendezvous' reach at a few thousand ranks); here a process has
+    local ranks - 1 peers, a leader nodes - 1 more.
+
+    torchrun numbers ranks node by node (rank = node rank x local world size + local
+    rank), so a node's ranks are the local world size from ``rank - local_rank``. Only a
+    group's members create it (``use_local_synchronization``): every node its own group,
+    then the leaders theirs, in that order on every rank.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        local_world_size: int,
+        timeout: datetime.timedelta,
+    ) -> None:
+        if local_world_size < 1 or world_size % local_world_size:
+            raise BackendError(
+                f"a world of {world_size} ranks is not whole nodes of {local_world_size} "
+                "processes: start the same number of processes on every node"
+            )
+        self.world_size = world_size
+        self.leader = rank - local_rank
+        self.is_leader = local_rank == 0
+        self.node = None
+        if local_world_size > 1:
+            self.node = dist.new_group(
+                list(range(self.leader, self.leader + local_world_size)),
+                backend="gloo",
+                timeout=timeout,
+                use_local_synchronization=True,
+            )
+        self.leaders = None
+        leaders = list(range(0, world_size, local_world_size))
+        if self.is_leader and len(leaders) > 1:
+            self.leaders = dist.new_group(
+                leaders, backend="gloo", timeout=timeout, use_local_synchronization=True
+            )
+
+    def barrier(self) -> None:
+        if self.node is not None:
+            dist.barrier(group=self.node)
+        if self.leaders is not None:
+            dist.barrier(group=self.leaders)
+        if self.node is not None:
+            dist.barrier(group=self.node)
+
+    def any_rank(self, flag: bool) -> bool:
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        for group in (self.node, self.leaders, self.node):
+            if group is not None:
+                dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        return bool(value.item())
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        if self.leaders is not None:
+            dist.broadcast_object_list(box, src=0, group=self.leaders)
+        return self._from_leader(box[0])
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        node: list[Any] = [obj]
+        if self.node is not None:
+            node = [None] * dist.get_world_size(self.node)
+            dist.all_gather_object(node, obj, group=self.node)
+        if self.leaders is None:
+            return self._from_leader(node) if self.world_size > len(node) else node
+        nodes: list[Any] = [None] * dist.get_world_size(self.leaders)
+        dist.all_gather_object(nodes, node, group=self.leaders)
+        return self._from_leader([item for per_node in nodes for item in per_node])
+
+    def _from_leader(self, obj: Any) -> Any:
+        """The node leader's ``obj`` on every rank of the node."""
+        if self.node is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.leader, group=self.node)
+        return box[0]
 
 
 def _as_tuple(value: Any) -> Any:
@@ -445,10 +563,11 @@ def setup_backend(
         backend.rank = dist.get_rank()
         backend.world_size = dist.get_world_size()
         if backend.world_size > 1:
-            backend.control_group = (
+            backend.control = OneGroup(
                 dist.new_group(backend="gloo", timeout=timeout)
                 if kind == "cuda"
-                else dist.group.WORLD
+                else dist.group.WORLD,
+                backend.world_size,
             )
     return backend
 
@@ -491,7 +610,7 @@ def _setup_xla(
     )
     backend.autocast_dtype = _resolve_precision(precision, "xla", backend.xla_device_type)
     if launched and world > 1:
-        backend.control_group = dist.new_group(backend="gloo", timeout=timeout)
+        backend.control = NodeTree(backend.rank, world, backend.local_rank, local_world, timeout)
     flags = os.environ.get("NEURON_CC_FLAGS", "")
     try:
         check_compiler_precision(flags, backend.precision)

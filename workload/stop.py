@@ -25,7 +25,7 @@ from workload.config import ConfigError
 
 HOLD_VARIABLE = "TRAINIUM_HOLD_AFTER_STEP"
 
-#: How often held ranks ask each other whether a stop was requested (one all-reduce each).
+#: How often held ranks ask each other whether a stop was requested (one ``any_rank`` each).
 HOLD_POLL_SECONDS = 0.2
 
 

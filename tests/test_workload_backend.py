@@ -1,0 +1,150 @@
+"""Host-side coordination of the ranks (workload/backend.py: OneGroup, NodeTree).
+
+Under xla the trainer coordinates its ranks through a ``NodeTree``: a gloo group per node and
+one of the nodes' local rank 0s, never a group over all ranks, whose full mesh (one socket
+per peer in every process) does not scale. These tests run it for real, over gloo, with four
+processes standing for two nodes of two (the tree does not depend on the device: XLA on the
+CPU cannot run collectives across processes, workload/backend.py _setup_xla).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.node_support import REPO_ROOT, free_port
+from workload.backend import BackendError, NodeTree
+
+# One rank of a job of NODES nodes x LOCAL processes: RANK, LOCAL_RANK and LOCAL_WORLD_SIZE as
+# torchrun sets them (rank = node rank x local world size + local rank).
+RANK_SCRIPT = """
+import datetime, json, os, sys
+import torch.distributed as dist
+from workload.backend import NodeTree
+
+rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+tree = NodeTree(rank, world, int(os.environ["LOCAL_RANK"]), local, datetime.timedelta(seconds=60))
+groups = [g for g in (tree.node, tree.leaders) if g is not None]
+tree.barrier()
+report = {
+    "group_sizes": [dist.get_world_size(g) for g in groups],
+    "leader_of_node": tree.leader,
+    "any_last": tree.any_rank(rank == world - 1),
+    "any_none": tree.any_rank(False),
+    "broadcast": tree.broadcast_object(f"from rank {rank}"),
+    "gathered": tree.all_gather_object({"rank": rank}),
+}
+tree.barrier()
+with open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w") as f:
+    json.dump(report, f)
+dist.destroy_process_group()
+"""
+
+
+def run_ranks(tmp_path: Path, nodes: int, local: int) -> list[dict[str, object]]:
+    port = str(free_port())
+    world = nodes * local
+    processes = []
+    for rank in range(world):
+        env = {
+            **os.environ, "PYTHONPATH": str(REPO_ROOT), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local),
+        }  # fmt: skip
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RANK_SCRIPT, str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    for process in processes:
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, output
+    return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.slow
+def test_node_tree_coordinates_two_nodes_without_a_group_over_all_ranks(tmp_path: Path) -> None:
+    reports = run_ranks(tmp_path, nodes=2, local=2)
+    # Every rank is in its node's group of 2; ranks 0 and 2 (local rank 0) also in the
+    # leaders' group of 2. No group spans the 4 ranks.
+    assert [r["group_sizes"] for r in reports] == [[2, 2], [2], [2, 2], [2]]
+    assert [r["leader_of_node"] for r in reports] == [0, 0, 2, 2]
+    for report in reports:
+        assert report["any_last"] is True  # the flag of rank 3, a non-leader of node 1
+        assert report["any_none"] is False
+        assert report["broadcast"] == "from rank 0"
+        assert report["gathered"] == [{"rank": r} for r in range(4)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("nodes", "local"), [(1, 3), (3, 1)])
+def test_node_tree_on_one_node_and_with_one_process_per_node(
+    tmp_path: Path, nodes: int, local: int
+) -> None:
+    reports = run_ranks(tmp_path, nodes=nodes, local=local)
+    world = nodes * local
+    for report in reports:
+        assert report["group_sizes"] in ([local], [nodes], [])
+        assert report["any_last"] is True
+        assert report["broadcast"] == "from rank 0"
+        assert report["gathered"] == [{"rank": r} for r in range(world)]
+
+
+def test_node_tree_refuses_nodes_of_different_sizes() -> None:
+    with pytest.raises(BackendError) as error:
+        NodeTree(0, 3, 0, 2, datetime.timedelta(seconds=60))
+    assert str(error.value) == (
+        "a world of 3 ranks is not whole nodes of 2 processes: start the same number of "
+        "processes on every node"
+    )
+
+
+# _setup_xla on a leader of a 2-node job of 32 processes each, with the XLA runtime's world
+# and torch.distributed's group calls stood in for (XLA on the CPU has a world of 1): which
+# gloo groups does the xla path open?
+XLA_SETUP_SCRIPT = """
+import datetime, json, os
+import torch.distributed as dist
+import torch_xla.runtime as xr
+from workload import backend as b
+
+created = []
+dist.init_process_group = lambda *args, **kwargs: None
+def new_group(ranks=None, **kwargs):
+    created.append({"ranks": ranks, "backend": kwargs.get("backend")})
+    return object()
+dist.new_group = new_group
+xr.world_size, xr.global_ordinal, xr.local_ordinal = (lambda: 64), (lambda: 32), (lambda: 0)
+backend = b._setup_xla("fp32", True, 64, 32, datetime.timedelta(seconds=60))
+print(json.dumps({"control": type(backend.control).__name__, "created": created}))
+"""
+
+
+@pytest.mark.slow
+def test_the_xla_path_opens_no_gloo_group_over_all_ranks() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PJRT_DEVICE": "CPU"}
+    result = subprocess.run(
+        [sys.executable, "-c", XLA_SETUP_SCRIPT], env=env, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {
+        "control": "NodeTree",
+        "created": [
+            {"ranks": list(range(32, 64)), "backend": "gloo"},  # its node
+            {"ranks": [0, 32], "backend": "gloo"},  # the nodes' leaders
+        ],
+    }
