@@ -17,7 +17,11 @@
 # --time-limit is the SSM command's executionTimeout: --stop-grace seconds before it, the leg
 # ends itself (SIGTERM to the trainers, which save a checkpoint and exit) and launch.sh exits
 # with status 75, which tells the CLI to start the next leg (a resume) without counting a
-# retry. 0 (the default) sets no limit.
+# retry. 0 (the default) sets no limit. Any exit status but 0, 1, 3, 4 and 75 (torchrun
+# killed by the OOM killer: 137) is reported as 1, which the SSM agent cannot misread
+# (report_exit_status in lib.sh). A SIGTERM, SIGINT or SIGHUP stops the leg: the trainers
+# first, with --stop-grace seconds to save, then torchrun. The soft open-file limit is
+# raised to the hard one before torchrun starts (raise_open_file_limit in lib.sh).
 # Whatever ends this script (a cancel or time-out SIGKILLs its process group), a watchdog in
 # a session of its own stops the processes it started: nothing of the leg outlives it.
 # --wrap runs torchrun under another command (precompile.sh uses neuron_parallel_compile);

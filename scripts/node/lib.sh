@@ -296,8 +296,11 @@ export_job_environment() {
 # does not raise it, and Go >= 1.21, which builds the agent, restores the original soft
 # limit in the processes it starts: Go CL 476097). A job needs more per process:
 #   - gloo connects every pair of ranks of a group (a full mesh): one socket per peer, so
-#     world - 1 in each process for the trainer's all-ranks gloo group (workload/backend.py;
-#     measured with torch 2.9: a 12-rank gloo group costs 13 descriptors per process);
+#     world - 1 in each process for a gloo group over all ranks, which the trainer has on
+#     cpu and cuda (under xla it has a group per node and one of the nodes' leaders,
+#     workload/backend.py NodeTree; preflight's collective check has one); measured with
+#     torch 2.9: a 12-rank gloo group costs 13 descriptors per process, and in
+#     tests/test_launch_scripts.py 1 per peer + 4 per group;
 #   - torchrun on the master node serves the rendezvous TCPStore: one connection per rank;
 #   - NOFILE_BASE for everything else (Python and its libraries, the Neuron runtime's device
 #     files, logs, data loader pipes): the 1024 such a process is otherwise used to.
