@@ -5,8 +5,13 @@ The fake node is tests/node_support.py.
 
 from __future__ import annotations
 
+import contextlib
+import random
 import re
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,6 @@ from tests.node_support import (
     LOG_LINE,
     NODE,
     FakeNode,
-    free_port,
     real_torchrun,
     trainium_devices,
 )
@@ -40,8 +44,26 @@ for ((i = 0; i < n; i++)); do
 done
 """
 
+# With $FAKE_DIR/fake-agreement, `python3 collective_check.py --agree ...` answers as the real
+# agreement does when every node passed and runs the same software (the fake torchrun, from
+# tests/node_support.py, answers for the all-reduce); everything else, and the agreement
+# without that file, runs the next python3 on PATH.
+FAKE_PYTHON3 = """#!/usr/bin/env bash
+if [[ -f "$FAKE_DIR/fake-agreement" && $1 == collective_check.py && $2 == --agree ]]; then
+  printf '%s\\n' "${@:3}" > "$FAKE_DIR/agreement.args"
+  nodes=$(awk 'prev == "--nodes" {print} {prev = $0}' "$FAKE_DIR/agreement.args")
+  software="version=$SOFTWARE_VERSION launch-template-version=$LAUNCH_TEMPLATE_VERSION ami=$AMI_ID"
+  echo "PASS node-software: $software on all $nodes nodes"
+  exit 0
+fi
+PATH=${PATH//"$(dirname "$0")":/}
+exec python3 "$@"
+"""
+
 
 def healthy_trainium(node: FakeNode) -> None:
+    node.tool("python3", FAKE_PYTHON3)
+    (node.root / "fake-agreement").touch()
     node.trainium()
     node.tool("lsmod", "#!/usr/bin/env bash\necho 'neuron 462848 0'\n")
     node.tool("dmesg", "#!/usr/bin/env bash\necho '[ 1.0] neuron: driver loaded'\n")
@@ -128,8 +150,18 @@ def test_preflight_fails_without_efa_or_fsx_or_collective(node: FakeNode) -> Non
         f"FAIL fsx: {node.fsx} is not mounted (FSx for Lustre fs-1.fsx.us-east-1.amazonaws.com)"
         in result.stderr
     )
+    # A node that failed its local checks runs no all-reduce: the agreement told the others.
+    assert "collective: not run: this node failed its local checks (efa fsx)" in result.stderr
+    assert not (node.root / "torchrun.args").exists()
+    assert "preflight FAILED on 10.1.0.12: efa fsx" in result.stderr
+    healthy_trainium(node)
+    node.settings.pop("FSX_DNS_NAME")
+    node.write_env()
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12,10.1.0.40", "--min-free-gb", "0",
+                      FAKE_TORCHRUN_EXIT="1")  # fmt: skip
+    assert result.returncode == 1
     assert "FAIL collective: all-reduce across 2 nodes failed (status 1)" in result.stderr
-    assert "preflight FAILED on 10.1.0.12: efa fsx collective" in result.stderr
+    assert "preflight FAILED on 10.1.0.12: collective" in result.stderr
 
 
 def test_preflight_asks_for_a_replacement_when_an_efa_device_is_lost(node: FakeNode) -> None:
@@ -156,6 +188,28 @@ def test_preflight_asks_for_a_replacement_when_an_efa_device_is_lost(node: FakeN
     )
 
 
+def test_nccom_test_output_is_its_verdict_whatever_its_exit_status(node: FakeNode) -> None:
+    """nccom-test's exit status on a failed check is not documented: its output counts."""
+    healthy_trainium(node)
+    node.tool(
+        "nccom-test",
+        "#!/usr/bin/env bash\necho 'size(B) count(elems) type time(us) algbw(GB/s) busbw(GB/s)'\n"
+        "echo 'Check: 3 errors found in output buffer of rank 5'\necho 'Test failed'\nexit 0\n",
+    )
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
+    assert result.returncode == 1, result.stderr
+    assert (
+        "FAIL nccom-local: nccom-test all-reduce over 32 NeuronCores failed (status 0, Check: 3 "
+        "errors found in output buffer of rank 5 Test failed)" in result.stderr
+    )
+    node.tool(
+        "nccom-test",
+        "#!/usr/bin/env bash\necho 'Check: 0 errors found'\necho 'Avg bus bandwidth: 40.1GB/s'\n",
+    )
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
+    assert "PASS nccom-local: Avg bus bandwidth: 40.1GB/s" in result.stderr, result.stderr
+
+
 def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: FakeNode) -> None:
     (node.state / "ready").unlink()
     result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--wait-ready", "0",
@@ -177,19 +231,44 @@ def test_preflight_asks_for_a_replacement_when_bootstrap_failed(node: FakeNode) 
     assert f"replace this node: bootstrap failed on this boot: {error}" in result.stderr
 
 
+def free_ports(count: int) -> int:
+    """A port P with P .. P + count - 1 free (preflight uses --port, +1 and +2), below the
+    ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), as
+    29600 is on the nodes: a client that retries connecting to a loopback port in that range
+    before its server listens can be given that very port as its own source port and connect
+    to itself (a TCP self-connect), which then keeps the server from binding it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, low - count)
+        try:
+            with contextlib.ExitStack() as stack:
+                for offset in range(count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("", port + offset))
+        except OSError:
+            continue
+        return port
+    raise AssertionError(f"no {count} consecutive free ports below {low}")
+
+
 def preflight_on_two_nodes(
-    node: FakeNode, versions: tuple[str | None, str | None]
+    node: FakeNode,
+    versions: tuple[str | None, str | None],
+    args: tuple[list[str], list[str]] = ([], []),
 ) -> list[subprocess.CompletedProcess[str]]:
     """preflight.sh on two loopback nodes at once, with the project's own torchrun running
     collective_check.py for real (gloo); each node's node.env carries its SOFTWARE_VERSION
-    (None: no node.env, as on nodes older than the variables)."""
+    (None: no node.env, as on nodes older than the variables); `args` are each node's own
+    extra arguments."""
     healthy_trainium(node)
+    (node.root / "fake-agreement").unlink()  # the real agreement, through a real TCPStore
     env = real_torchrun(node)
     node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
     node.write_env()
-    hosts, port = ("127.0.0.1", "127.0.0.2"), str(free_port())
+    hosts, port = ("127.0.0.1", "127.0.0.2"), str(free_ports(3))
     runs = []
-    for address, version in zip(hosts, versions, strict=True):
+    for address, version, extra in zip(hosts, versions, args, strict=True):
         node_env = node.root / f"node-{address}.env"
         if version is not None:
             node_env.write_text(
@@ -197,7 +276,7 @@ def preflight_on_two_nodes(
             )
         command = [
             "bash", str(NODE / "preflight.sh"), "--hosts", ",".join(hosts), "--port", port,
-            "--node-address", address, "--nproc-per-node", "1",
+            "--node-address", address, "--nproc-per-node", "1", *extra,
         ]  # fmt: skip
         runs.append(subprocess.Popen(
             command, env=node.env(**env, TRAINIUM_NODE_ENV=str(node_env)),
@@ -241,3 +320,51 @@ def test_preflight_passes_where_the_nodes_run_the_same_software(node: FakeNode) 
             "ami=ami-0123456789abcdef0 on all 2 nodes"
         ) in result.stderr
         assert "PASS collective: all-reduce across 2 nodes x 1 processes" in result.stderr
+
+
+def test_a_node_that_failed_a_local_check_does_not_hold_up_the_others(node: FakeNode) -> None:
+    """Node 1 fails a local check (disk). It still takes part in the agreement, says so there,
+    and the healthy node 0 fails at once, naming it, instead of starting an all-reduce that
+    node 1 would join with other settings, or not at all, and waiting for the rendezvous
+    (torchrun's static rendezvous: 600 s) or the process group (300 s) to time out."""
+    start = time.monotonic()
+    results = preflight_on_two_nodes(
+        node, ("5f0e2d9c1a7b3e44", "5f0e2d9c1a7b3e44"), ([], ["--min-free-gb", "999999"])
+    )
+    elapsed = time.monotonic() - start
+    healthy, broken = results
+    assert healthy.returncode == 1, healthy.stderr
+    assert (
+        "FAIL collective: not run: failed local checks on node 1 (127.0.0.2): disk\n"
+        in healthy.stderr
+    )
+    assert "preflight FAILED on 127.0.0.1: collective" in healthy.stderr
+    assert broken.returncode == 1, broken.stderr
+    assert "collective: not run: this node failed its local checks (disk disk)" in broken.stderr
+    assert "all-reduce" not in healthy.stderr + broken.stderr
+    assert elapsed < 120, f"{elapsed:.0f} s: the healthy node waited for the broken one"
+
+
+def test_the_agreement_names_a_node_that_never_reports() -> None:
+    """A node whose preflight never reaches the agreement (no Python, not started) holds the
+    others only until the agreement's --timeout (preflight: --wait-ready + 180 s)."""
+    port = free_ports(1)
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(NODE / "collective_check.py"), "--agree", "--master-addr",
+         "127.0.0.1", "--port", str(port), "--node-rank", "0", "--nodes", "3",
+         "--node-address", "127.0.0.1", "--timeout", "5"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == [
+        "FAIL collective: not run: node 1, 2 did not report within 5 s (its preflight did not "
+        "start or could not run Python)"
+    ]
+    assert time.monotonic() - start < 60
+    bad = subprocess.run(
+        [sys.executable, str(NODE / "collective_check.py"), "--agree", "--nodes", "2"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "--agree needs --master-addr --port --node-rank --node-address" in bad.stderr

@@ -8,18 +8,25 @@
 #
 # Local checks: bootstrap finished (waits up to --wait-ready seconds), Neuron devices and
 # driver healthy and idle, no Neuron hardware errors in the kernel log, EFA provider present
-# (multi-node), FSx mounted and the jobs root writable, enough free disk. Then every node
-# runs collective_check.py under torchrun with the training environment (an all-reduce
-# over all NeuronCores of all nodes: Neuron collectives over EFA on Trainium, gloo
-# elsewhere), plus a local nccom-test all-reduce over this node's NeuronCores where the
-# Neuron tools are installed (a cross-node nccom-test starts its remote ranks with MPI over
-# SSH, which the nodes do not have: the torch all-reduce is the cross-node check). Prints one
-# PASS/FAIL line per check and one `node-software:` line (the software version, launch
-# template version and AMI that bootstrap recorded); the collective check compares them
-# across nodes (PASS/FAIL node-software: nodes that differ must be rolled, `cluster.py roll`).
-# Exits 1 when any check fails, 3 when the node has a hardware fault and should be replaced,
-# 4 when the nodes run different software (no retry helps: the fleet needs a roll; the job
-# supervisor ends the job on it). 3 wins over 4: a broken node is replaced either way.
+# with the EFA_DEVICE_COUNT devices of the instance type (multi-node), FSx mounted and the jobs
+# root writable, enough free disk, a local nccom-test all-reduce over this node's NeuronCores
+# where the Neuron tools are installed (its output is read too: its exit status on a failed
+# check is not documented). Then the nodes agree (collective_check.py --agree, one process per
+# node, a TCPStore on the first host at --port + 2): every node says whether its local checks
+# passed and which software it runs (the node-software triple bootstrap recorded); a node that
+# failed, a node that never reports (within --wait-ready + 180 s) and a mixed fleet stop every
+# node at once, without an all-reduce. Otherwise every node runs collective_check.py under
+# torchrun with the training environment (an all-reduce over all NeuronCores of all nodes:
+# Neuron collectives over EFA on Trainium, gloo elsewhere), bounded by 480 s. (A cross-node
+# nccom-test starts its remote ranks with MPI over SSH, which the nodes do not have: the torch
+# all-reduce is the cross-node check.) Prints one PASS/FAIL line per check and one
+# `node-software:` line (the software version, launch template version and AMI that bootstrap
+# recorded; PASS/FAIL node-software: nodes that differ must be rolled, `cluster.py roll`).
+# Exits 1 when any check fails; 3 when the node should be replaced: bootstrap failed on this
+# boot (its marker $STATE_DIR/failed), a Neuron hardware error, fewer EFA devices than
+# EFA_DEVICE_COUNT (one line names the reasons); 4 when the nodes run different software (no
+# retry helps: the fleet needs a roll; the job supervisor ends the job on it). 3 wins over 4:
+# a broken node is replaced either way.
 # --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
@@ -52,7 +59,8 @@ while (($#)); do
 done
 
 validate_port --port "$port"
-((port < 65535)) || die "--port $port leaves no port for the Neuron root communicator (port + 1): use at most 65534"
+((port <= 65533)) ||
+  die "--port $port leaves no ports for the Neuron root communicator (port + 1) and the nodes' agreement (port + 2): use at most 65533"
 [[ $min_free_gb =~ ^[0-9]+$ ]] || die "--min-free-gb '$min_free_gb' is not a whole number of GiB"
 [[ $wait_ready =~ ^[0-9]+$ ]] || die "--wait-ready '$wait_ready' is not a number of seconds"
 parse_hosts "$hosts_arg"
@@ -216,49 +224,90 @@ check_storage() {
 }
 
 check_nccom() {
-  local cores output
+  local cores output status=0 errors
   command -v nccom-test >/dev/null 2>&1 && ((ON_TRAINIUM)) || return 0
   cores=$(neuron_core_count)
   # A small all-reduce over this node's NeuronCores, with result checking. The operation
   # comes first (NCCOM-TEST user guide: nccom-test <operation> [options]).
-  if output=$(nccom-test allr -r "$cores" -b 8 -e 1MB -f 8 -n 5 -w 2 -d fp32 --check 2>&1); then
+  # Its exit status on a failed check is not documented: its output is the verdict too
+  # ("errors found" from --check, "test failed"; a count of 0 errors is no failure).
+  output=$(nccom-test allr -r "$cores" -b 8 -e 1MB -f 8 -n 5 -w 2 -d fp32 --check 2>&1) || status=$?
+  errors=$(grep -iE 'errors? found|test failed' <<<"$output" | grep -viE '(^|[^0-9])0 errors? found' |
+    head -n 2 | paste -sd' ' - || true)
+  if ((status == 0)) && [[ -z $errors ]]; then
     pass nccom-local "$(grep -i 'avg bus bandwidth' <<<"$output" || echo "all-reduce over $cores NeuronCores")"
   else
-    fail nccom-local "nccom-test all-reduce over $cores NeuronCores failed: $(tail -n 2 <<<"$output" | paste -sd' ' -)"
+    fail nccom-local "nccom-test all-reduce over $cores NeuronCores failed (status $status${errors:+, $errors}): $(tail -n 2 <<<"$output" | paste -sd' ' -)"
   fi
 }
 
-# The collective check first all-gathers every node's software (the node-software triple,
-# passed in explicitly: node.env is exported only where cluster.env exists) and refuses a
-# mixed fleet with one `FAIL node-software:` line naming the nodes; the supervisor sees only
-# exit codes, so the nodes must decide. That failure exits 4 (not 3: no node needs replacing,
-# the fleet needs a roll; not 1: a retry on the same nodes would fail the same way).
+# Seconds a node waits for the others in the agreement: they may still be waiting for their
+# bootstrap (--wait-ready) and running their local checks.
+AGREEMENT_MARGIN=180
+# Bound on the all-reduce (torchrun's own static rendezvous waits 600 s, the gloo group 300 s).
+# With the agreement's wait this stays within the Preflight document's 1800 s.
+COLLECTIVE_LIMIT=480
+
+# Every node first takes part in the agreement (collective_check.py --agree, one process per
+# node, a TCPStore on the first host at --port + 2), local failures or not: a node that failed
+# its local checks says so there, and every node then skips the all-reduce at once instead of
+# waiting for a broken peer until the rendezvous times out. The agreement also compares the
+# nodes' software (the node-software triple, passed in explicitly: node.env is exported only
+# where cluster.env exists) and refuses a mixed fleet with one `FAIL node-software:` line
+# naming the nodes; the supervisor sees only exit codes, so the nodes must decide. That failure
+# exits 4 (not 3: no node needs replacing, the fleet needs a roll; not 1: a retry on the same
+# nodes would fail the same way). Only when every node passed everything do the nodes run
+# the all-reduce under torchrun, bounded by COLLECTIVE_LIMIT seconds.
 check_collective() {
-  local output status=0 software
-  if ! activate_python 2>/dev/null; then
-    fail collective "torchrun not found (NEURON_VENV=${NEURON_VENV:-unset})"
+  local output status=0 software verdict
+  # activate_python dies (exits) when torchrun is missing: try it in a subshell first.
+  if ! (activate_python) >/dev/null 2>&1; then
+    fail collective "torchrun not found (NEURON_VENV=${NEURON_VENV:-unset}): this node cannot join the others"
     return
   fi
+  activate_python
   output=$(
     cd "$NODE_DIR"
-    TRAINIUM_JOB_ID="preflight" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" \
-      SOFTWARE_VERSION="${SOFTWARE_VERSION:-unknown}" \
+    SOFTWARE_VERSION="${SOFTWARE_VERSION:-unknown}" \
       LAUNCH_TEMPLATE_VERSION="${LAUNCH_TEMPLATE_VERSION:-unknown}" AMI_ID="${AMI_ID:-unknown}" \
-      torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK" --master_addr "${HOSTS[0]}" \
-      --master_port "$port" --nproc_per_node "$NPROC" collective_check.py --size-mb 16 2>&1
+      python3 collective_check.py --agree --master-addr "${HOSTS[0]}" --port $((port + 2)) \
+      --node-rank "$NODE_RANK" --nodes "${#HOSTS[@]}" --node-address "$NODE_ADDRESS" \
+      --failures "${failures[*]}" --timeout $((wait_ready + AGREEMENT_MARGIN)) 2>&1
   ) || status=$?
   software=$(grep -m 1 -E '^(PASS|FAIL) node-software: ' <<<"$output" || true)
   case $software in
     PASS*) pass node-software "${software#PASS node-software: }" ;;
     FAIL*)
-      # The check stopped before the all-reduce: no collective verdict to give.
+      # No all-reduce runs on a mixed fleet: no collective verdict to give.
       fail node-software "${software#FAIL node-software: }"
       mixed_fleet=1
       return
       ;;
   esac
+  verdict=$(grep -m 1 '^FAIL collective: ' <<<"$output" || true)
+  if [[ -n $verdict ]]; then
+    fail collective "${verdict#FAIL collective: }"
+    return
+  elif ((status != 0)); then
+    fail collective "the agreement with the other nodes failed (status $status): $(tail -n 3 <<<"$output" | paste -sd' ' -)"
+    return
+  fi
+  if ((${#failures[@]})); then
+    log "collective: not run: this node failed its local checks (${failures[*]}); the other nodes know"
+    return
+  fi
+  status=0
+  output=$(
+    cd "$NODE_DIR"
+    TRAINIUM_JOB_ID="preflight" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" \
+      timeout --kill-after=60 "$COLLECTIVE_LIMIT" \
+      torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK" --master_addr "${HOSTS[0]}" \
+      --master_port "$port" --nproc_per_node "$NPROC" collective_check.py --size-mb 16 2>&1
+  ) || status=$?
   if ((status == 0)); then
     pass collective "all-reduce across ${#HOSTS[@]} nodes x $NPROC processes: $(grep '"event": "collective"' <<<"$output" || echo ok)"
+  elif ((status == 124 || status == 137)); then
+    fail collective "all-reduce across ${#HOSTS[@]} nodes did not end within $COLLECTIVE_LIMIT s: $(tail -n 3 <<<"$output" | paste -sd' ' -)"
   else
     fail collective "all-reduce across ${#HOSTS[@]} nodes failed (status $status): $(tail -n 5 <<<"$output" | paste -sd' ' -)"
   fi
@@ -284,8 +333,8 @@ check_nccom
 # shellcheck disable=SC2034  # read by export_job_environment
 MASTER_PORT=$port
 export_job_environment
-# Every node joins the collective even after a local failure, so that the others do not
-# wait for it until their rendezvous times out.
+# Every node joins the agreement even after a local failure, so that the others do not wait
+# for it until their rendezvous times out.
 check_collective
 
 if ((${#failures[@]})); then
