@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +104,12 @@ operation: No active Lifecycle Action found with instance ID ${FAKE_INSTANCE:-}"
       exit 254
     fi
     touch "$FAKE_DIR/lifecycle-done" ;;
+  *record-lifecycle-action-heartbeat*)
+    if [[ -f "$FAKE_DIR/lifecycle-done" ]]; then
+      echo "An error occurred (ValidationError) when calling the RecordLifecycleActionHeartbeat \\
+operation: No active Lifecycle Action found with instance ID ${FAKE_INSTANCE:-}" >&2
+      exit 254
+    fi ;;
   *set-instance-health*)
     if [[ -n ${FAKE_HEALTH_ERROR:-} ]]; then
       echo "$FAKE_HEALTH_ERROR" >&2
@@ -413,6 +420,13 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
     config = json.loads((node.root / "cwagent" / "etc" / "trainium-cluster.json").read_text())
     files = config["logs"]["logs_collected"]["files"]["collect_list"]
     assert {f["log_group_name"] for f in files} == {"/trainium/training"}
+    # The agent ships only the newest file a wildcard matches: precompile's logs get their own
+    # entry and stream, apart from the jobs'.
+    assert {f["file_path"]: f["log_stream_name"] for f in files} == {
+        f"{node.logs}/bootstrap.log": "{instance_id}/bootstrap",
+        f"{node.logs}/jobs/*.log": "{instance_id}/jobs",
+        f"{node.logs}/precompile/*.log": "{instance_id}/precompile",
+    }
     assert config["metrics"]["namespace"] == "TrainiumCluster/trainium"
     assert config["metrics"]["metrics_collected"]["disk"]["resources"] == [
         "/", str(node.fsx), f"{node.root}/scratch"
@@ -439,6 +453,81 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
     assert "the workload venv already has every pinned workload requirement" in second.stdout
     assert "no pending launch lifecycle action (a later boot): CONTINUE not needed" in second.stdout
     assert (node.state / "ready").exists()
+
+
+# modinfo (the fsx phase asks it for the Lustre module) that answers only once the heartbeat
+# loop has recorded two heartbeats after the first: bootstrap is "slow" until then.
+SLOW_MODINFO = """#!/usr/bin/env bash
+for _ in $(seq 600); do
+  (($(grep -c record-lifecycle-action-heartbeat "$FAKE_DIR/calls.log") >= 3)) && exit 0
+  sleep 0.1
+done
+echo "modinfo (test): no heartbeats within 60 s" >&2
+exit 1
+"""
+
+
+def processes_of(root: Path) -> list[str]:
+    """Command lines of the processes that run with FAKE_DIR=root (this node's tools), once
+    bootstrap's log `tee` has ended too (it reads on until bootstrap's output closes; waited
+    for, at most 60 s)."""
+    deadline = time.monotonic() + 60
+    while True:
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if f"FAKE_DIR={root}".encode() in environ.read_bytes().split(b"\0"):
+                    cmdline = (environ.parent / "cmdline").read_bytes()
+                    found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+        if not any(line.startswith("tee ") for line in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_bootstrap_records_lifecycle_heartbeats_while_it_works(node: FakeNode) -> None:
+    """While the launch lifecycle action is pending, bootstrap records heartbeats (each restarts
+    the hook's 45-minute timeout), and stops before it completes the action."""
+    bootstrap_node(node)
+    node.tool("modinfo", SLOW_MODINFO)
+    result = run_bootstrap(node, TRAINIUM_HEARTBEAT_INTERVAL="1")
+    assert result.returncode == 0, output(result)
+    aws = [c.split("--cli-read-timeout 30 ", 1)[1] for c in node.calls() if c.startswith("aws ")]
+    heartbeat = (
+        "autoscaling record-lifecycle-action-heartbeat --lifecycle-hook-name trainium-launch "
+        "--auto-scaling-group-name trainium-nodes --instance-id i-0123456789abcdef0"
+    )
+    assert aws.count(heartbeat) >= 3, aws
+    complete = next(i for i, c in enumerate(aws) if "complete-lifecycle-action" in c)
+    assert heartbeat not in aws[complete:], "a heartbeat after the action was completed"
+    assert "launch lifecycle action pending: a heartbeat every 1 s" in result.stdout
+    assert "lifecycle heartbeats stopped" in result.stdout
+    assert processes_of(node.root) == [], "the heartbeat loop outlived bootstrap"
+
+    # A later boot has no pending action: one try, no loop.
+    node.tool("modinfo", FAKE_MODINFO)
+    reboot(node)
+    result = run_bootstrap(node, TRAINIUM_HEARTBEAT_INTERVAL="1")
+    assert result.returncode == 0, output(result)
+    aws = [c for c in node.calls() if "record-lifecycle-action-heartbeat" in c]
+    assert len(aws) == 1
+    assert "no pending launch lifecycle action (a later boot): no heartbeat to record" in (
+        result.stdout
+    )
+
+
+def test_a_failed_bootstrap_stops_its_heartbeats(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.tool("modinfo", SLOW_MODINFO.replace("exit 0", "exit 1"))
+    node.tool("apt-get", "#!/usr/bin/env bash\nexit 100\n")
+    result = run_bootstrap(node, TRAINIUM_HEARTBEAT_INTERVAL="1")
+    assert result.returncode != 0
+    calls = node.calls()
+    abandon = next(i for i, c in enumerate(calls) if "--lifecycle-action-result ABANDON" in c)
+    assert not [c for c in calls[abandon:] if "record-lifecycle-action-heartbeat" in c]
+    assert "lifecycle heartbeats stopped" in result.stdout
+    assert processes_of(node.root) == []
 
 
 def test_the_workload_venv_sees_the_neuron_venv_and_its_own_packages_first(

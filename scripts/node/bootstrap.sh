@@ -8,7 +8,8 @@
 # Phases, each logged with its duration to /var/log/trainium-cluster/bootstrap.log:
 #   environment     read and check cluster.env
 #   identity        instance, AMI, Auto Scaling group and launch template version (IMDSv2,
-#                   then autoscaling:DescribeAutoScalingInstances); writes node.env
+#                   then autoscaling:DescribeAutoScalingInstances); writes node.env; while a
+#                   launch lifecycle action is pending, records a heartbeat every 10 minutes
 #   boot-unit       trainium-bootstrap.service (every boot, after network-online.target) and
 #                   a tmpfiles.d rule that clears the previous boot's ready/failed markers
 #   scratch         instance-store NVMe: RAID 0 over all of them (or the one), ext4, mounted
@@ -86,6 +87,7 @@ declare -A NODE_VALUES=()
 # CloudWatch and the Auto Scaling group.
 on_bootstrap_exit() {
   local status=$?
+  stop_heartbeat
   if ((status != 0)); then
     rm -f "$READY_MARKER"
     printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${LAST_ERROR:-bootstrap.sh exited with status $status}" \
@@ -108,7 +110,7 @@ done
 # Where launch.sh and preflight.sh read it (lib.sh).
 NODE_ENV="$NODE_ENV_FILE"
 
-mkdir -p "$STATE_DIR" "$LOG_DIR/jobs"
+mkdir -p "$STATE_DIR" "$LOG_DIR/jobs" "$LOG_DIR/precompile"
 exec > >(tee -a "$LOG_DIR/bootstrap.log") 2>&1
 exec 9>"$STATE_DIR/bootstrap.lock"
 flock -w 1800 9 || die "another bootstrap still holds $STATE_DIR/bootstrap.lock after 30 minutes"
@@ -193,6 +195,65 @@ complete_lifecycle() {
     LIFECYCLE_ERROR="could not complete lifecycle hook $LIFECYCLE_HOOK_NAME with $result: $(head -n 1 <<<"$out")"
     return 1
   fi
+}
+
+# A launch waits in Pending:Wait for at most the hook's heartbeat timeout (45 minutes,
+# stacks/compute.py BOOTSTRAP_TIMEOUT), close to bootstrap's worst case (the dpkg lock alone
+# may take 15 minutes). While a launch lifecycle action is pending, a background loop records a
+# heartbeat every HEARTBEAT_INTERVAL seconds (RecordLifecycleActionHeartbeat restarts the
+# timeout: botocore's autoscaling model), until bootstrap ends or has run HEARTBEAT_LIMIT
+# seconds; past that, the hook's timeout abandons a bootstrap that hangs.
+HEARTBEAT_INTERVAL="${TRAINIUM_HEARTBEAT_INTERVAL:-600}"
+HEARTBEAT_LIMIT="${TRAINIUM_HEARTBEAT_LIMIT:-5400}"
+HEARTBEAT_PID=""
+
+record_heartbeat() {
+  aws_cli autoscaling record-lifecycle-action-heartbeat --lifecycle-hook-name "$LIFECYCLE_HOOK_NAME" \
+    --auto-scaling-group-name "$ASG_NAME" --instance-id "$INSTANCE_ID" 2>&1
+}
+
+heartbeat_loop() {
+  local sleeper="" out
+  trap - ERR
+  trap '[[ -z $sleeper ]] || kill "$sleeper" 2>/dev/null; exit 0' TERM
+  while (($(date +%s) - started + HEARTBEAT_INTERVAL <= HEARTBEAT_LIMIT)); do
+    # In the background, so that TERM ends the wait at once; holding none of bootstrap's output.
+    sleep "$HEARTBEAT_INTERVAL" >/dev/null 2>&1 &
+    sleeper=$!
+    wait "$sleeper" || true
+    sleeper=""
+    if out=$(record_heartbeat); then
+      log "recorded a lifecycle heartbeat (bootstrap has run $(($(date +%s) - started)) s)"
+    else
+      log "warning: could not record a lifecycle heartbeat: $(head -n 1 <<<"$out")"
+    fi
+  done
+  log "bootstrap has run for ${HEARTBEAT_LIMIT} s: no more lifecycle heartbeats"
+}
+
+# Records the first heartbeat; where a launch lifecycle action is pending, starts the loop.
+start_heartbeat() {
+  local out
+  [[ -n ${LIFECYCLE_HOOK_NAME:-} && -n $ASG_NAME && -n $INSTANCE_ID ]] || return 0
+  if ! out=$(record_heartbeat); then
+    if [[ $out == *"No active Lifecycle Action"* ]]; then
+      log "no pending launch lifecycle action (a later boot): no heartbeat to record"
+    else
+      log "warning: could not record a lifecycle heartbeat: $(head -n 1 <<<"$out")"
+    fi
+    return 0
+  fi
+  heartbeat_loop &
+  HEARTBEAT_PID=$!
+  log "launch lifecycle action pending: a heartbeat every $HEARTBEAT_INTERVAL s for at most $HEARTBEAT_LIMIT s (pid $HEARTBEAT_PID)"
+}
+
+stop_heartbeat() {
+  [[ -n ${HEARTBEAT_PID:-} ]] || return 0
+  kill "$HEARTBEAT_PID" 2>/dev/null || true
+  wait "$HEARTBEAT_PID" 2>/dev/null || true
+  log "lifecycle heartbeats stopped"
+  HEARTBEAT_PID=""
 }
 
 put_bootstrap_failures() {
@@ -295,6 +356,7 @@ phase_identity() {
   NODE_VALUES[SOFTWARE_VERSION]=${SOFTWARE_VERSION:-unknown}
   NODE_VALUES[BOOT_ID]=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)
   write_node_env
+  start_heartbeat
   log "instance $INSTANCE_ID, ${NODE_VALUES[AMI_ID]}, group ${ASG_NAME:-none}," \
     "launch template version ${NODE_VALUES[LAUNCH_TEMPLATE_VERSION]}, software ${NODE_VALUES[SOFTWARE_VERSION]}"
 }
@@ -677,6 +739,9 @@ phase_monitoring() {
   local ctl="$CW_AGENT_DIR/bin/amazon-cloudwatch-agent-ctl" config unit monitor python disks
   [[ -x $ctl ]] || install_cloudwatch_agent
   disks="\"/\", \"$FSX_MOUNT_POINT\"${NODE_VALUES[SCRATCH]:+, \"${NODE_VALUES[SCRATCH]}\"}"
+  # The agent ships only the newest file that a wildcard matches (CloudWatch agent user guide,
+  # "file_path"): precompile's logs get an entry and a stream of their own, so that a
+  # precompile and the job after it do not take turns in one stream.
   config=$(
     cat <<JSON
 {
@@ -687,7 +752,9 @@ phase_monitoring() {
       {"file_path": "$LOG_DIR/bootstrap.log", "log_group_name": "$TRAINING_LOG_GROUP",
        "log_stream_name": "{instance_id}/bootstrap"},
       {"file_path": "$LOG_DIR/jobs/*.log", "log_group_name": "$TRAINING_LOG_GROUP",
-       "log_stream_name": "{instance_id}/jobs"}
+       "log_stream_name": "{instance_id}/jobs"},
+      {"file_path": "$LOG_DIR/precompile/*.log", "log_group_name": "$TRAINING_LOG_GROUP",
+       "log_stream_name": "{instance_id}/precompile"}
     ]}}
   },
   "metrics": {
@@ -741,6 +808,7 @@ WantedBy=multi-user.target"
 }
 
 phase_lifecycle() {
+  stop_heartbeat
   put_bootstrap_failures 0 || log "warning: could not put BootstrapFailures=0 to $METRICS_NAMESPACE"
   complete_lifecycle CONTINUE || die "$LIFECYCLE_ERROR"
 }
