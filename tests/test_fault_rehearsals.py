@@ -273,40 +273,62 @@ def test_oom_kills_then_a_lost_efa_device_and_a_failed_bootstrap_the_job_finishe
 
         legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
         preflights = [c for c in cloud.commands.values() if c.document.endswith("Preflight")]
-        # The OOM kills: status 1 on both nodes, and the retry resumed from step 5.
-        expect("OOM-killed torchrun (node 1)", invocation(legs[0], second) == ("Failed", 1),
-               f"RunTraining ended {invocation(legs[0], second)}, not ('Failed', 1)")  # fmt: skip
-        expect("OOM-killed trainer (node 0)", invocation(legs[0], first) == ("Failed", 1),
-               f"RunTraining ended {invocation(legs[0], first)}, not ('Failed', 1)")  # fmt: skip
         resumes = [r["step"] for r in job_metrics(tmp_path, job, "resume")]
+
+        # 1. The OOM kills: status 1 on both nodes, and the retry resumed from step 5.
+        ended = invocation(legs[0], second)
+        expect("OOM-killed torchrun (node 1)", ended == ("Failed", 1), f"RunTraining {ended}")
+        ended = invocation(legs[0], first)
+        expect("OOM-killed trainer (node 0)", ended == ("Failed", 1), f"RunTraining {ended}")
         expect("OOM kills", resumes[:1] == [5], f"the retry resumed from {resumes}")
-        # The lost EFA device and the failed bootstrap: preflight exits 3 on both nodes.
-        after = [p for p in preflights if second.instance_id in p.invocations][-1:]
-        efa = invocation(after[0], second) if after else None
-        expect("lost EFA device (node 1)", efa == ("Failed", 3),
-               f"the preflight after the loss of {lost} ended {efa}, not ('Failed', 3):\n"
-               + (output_of(after[0], second)[-1500:] if after else "no preflight"))  # fmt: skip
-        boot = [p for p in preflights if first.instance_id in p.invocations][-1:]
-        rebooted = invocation(boot[0], first) if boot else None
-        expect("failed bootstrap (node 0)", rebooted == ("Failed", 3),
-               f"the preflight after the reboot ended {rebooted}, not ('Failed', 3):\n"
-               + (output_of(boot[0], first)[-1500:] if boot else "no preflight"))  # fmt: skip
-        expect("replaced nodes", sorted(cloud.health_reports) == sorted(
-            [(first.instance_id, "Unhealthy"), (second.instance_id, "Unhealthy")]
-        ), f"health reports {cloud.health_reports}")  # fmt: skip
+
+        # 2. The retry: node 1's trainer died with its collective; node 0's agent ran the
+        # interrupted RunTraining again after the reboot, which launch.sh refused. Then the
+        # last preflight of each node exits 3, naming the fault.
+        ended = invocation(legs[1], second)
+        expect("lost EFA device (node 1)", ended == ("Failed", 1), f"RunTraining {ended}")
+        ended, said = invocation(legs[1], first), output_of(legs[1], first)
+        expect(
+            "failed bootstrap (node 0)",
+            ended == ("Failed", 1) and "this node is not ready" in said,
+            f"RunTraining after the reboot {ended}: {said[-800:]}",
+        )
+        (efa,) = [p for p in preflights if second.instance_id in p.invocations][-1:]
+        ended, said = invocation(efa, second), output_of(efa, second)
+        expect(
+            "lost EFA device (node 1)",
+            ended == ("Failed", 3) and "FAIL efa: found 7 EFA devices, expected 8" in said,
+            f"the preflight after the loss of {lost} {ended}:\n{said[-1500:]}",
+        )
+        (boot,) = [p for p in preflights if first.instance_id in p.invocations][-1:]
+        ended, said = invocation(boot, first), output_of(boot, first)
+        expect(
+            "failed bootstrap (node 0)",
+            ended == ("Failed", 3) and "FAIL ready: bootstrap failed: " in said,
+            f"the preflight after the reboot {ended}:\n{said[-1500:]}",
+        )
+        reports = sorted(cloud.health_reports)
+        expected = sorted((i.instance_id, "Unhealthy") for i in (first, second))
+        expect("replaced nodes", reports == expected, f"health reports {reports}")
+
+        # 3. The job finished from step 10 on two new nodes; nothing of it is left.
         expect("the job", status == "SUCCEEDED", f"ended {status}\n{supervisor.trace(execution)}")
         expect("the job", resumes == [5, 10], f"resumed from {resumes}, not [5, 10]")
         trained = [r["step"] for r in job_metrics(tmp_path, job, "train")]
         expect("the job", max(trained, default=0) == 15, f"trained to {trained}")
-        if status == "SUCCEEDED":
-            expect("the job", set(legs[-1].invocations) == {i.instance_id for i in cloud.running()}
-                   and not {first.instance_id, second.instance_id} & set(legs[-1].invocations),
-                   "the last attempt did not run on the two new nodes")  # fmt: skip
-        subjects = [n["Subject"].removeprefix(f"{cluster_name}: job {job} ") for n in
-                    cloud.notifications]  # fmt: skip
-        expect("notifications", subjects[0] == "started" and subjects[-1] == "finished",
-               subjects)  # fmt: skip
+        last = set(legs[-1].invocations)
+        new_nodes = {i.instance_id for i in cloud.running()}
+        expect("the job", last == new_nodes and not last & {first.instance_id, second.instance_id},
+               f"the last attempt ran on {sorted(last)}")  # fmt: skip
         expect("leftovers", gone(job), "a process of the job outlived it")
+        subjects = [
+            n["Subject"].removeprefix(f"{cluster_name}: job {job} ") for n in cloud.notifications
+        ]
+        expect("notifications", subjects == ["started", *["retries"] * 3, "finished"], subjects)
+        # The third retry's notice names both replaced nodes.
+        notice = cloud.notifications[3]["Message"] if len(subjects) == 5 else ""
+        named = [f"{i.instance_id}: Preflight" in notice for i in (first, second)]
+        expect("notifications", all(named) and "(status 3)" in notice, notice)
         assert not problems, "\n".join(problems)
 
 
