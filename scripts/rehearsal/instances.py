@@ -358,12 +358,12 @@ class Instances:
         (SetInstanceHealth); the stand-in leaves that call out, as when it fails, so that the
         node stays until the supervisor's preflight finds it (exit 3), the harder case.
 
-        The SSM agent keeps its documents' state on disk: at its start it drops nothing of a
-        finished command and runs again the step of a command that was in progress
+        The SSM agent keeps its documents' state on disk: at its start it leaves the finished
+        commands alone and runs the step of a command that was in progress again
         (amazon-ssm-agent agent/framework/processor/processor.go,
         processInProgressDocuments; agent/framework/runpluginutil/runpluginutil.go runs a
         plugin whose status is InProgress). The spool is left that way for the new agent:
-        the ended commands' specs go, those in progress stay and run again."""
+        the ended commands' specs move to done/, those in progress stay and run again."""
         self.hosts.kill(instance.slot)
         if instance.agent is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
