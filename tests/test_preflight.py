@@ -210,6 +210,26 @@ def test_nccom_test_output_is_its_verdict_whatever_its_exit_status(node: FakeNod
     assert "PASS nccom-local: Avg bus bandwidth: 40.1GB/s" in result.stderr, result.stderr
 
 
+def test_preflight_raises_the_open_file_limit_and_checks_the_hard_one(node: FakeNode) -> None:
+    """Run Command starts scripts with a soft limit of 1024 (systemd's DefaultLimitNOFILE); the
+    collective check needs about nodes x processes + 1024 descriptors (lib.sh)."""
+    healthy_trainium(node)
+    script = NODE / "preflight.sh"
+    hosts = "10.1.0.12,10.1.0.40"  # 2 nodes x 32 NeuronCores: 64 + 1024 = 1088
+    for hard, expected in (("4096", "PASS open-files: soft limit 4096, about 1088 needed"),
+                           ("1050", "FAIL open-files: the open-file hard limit is 1050, below the "
+                                    "1088 descriptors the collective check may need (2 nodes x 32 "
+                                    "processes + 1024): raise LimitNOFILE of the amazon-ssm-agent "
+                                    "unit")):  # fmt: skip
+        result = subprocess.run(
+            ["bash", "-c", f'ulimit -Sn 1024 && ulimit -Hn {hard} && exec bash "$0" "$@"',
+             str(script), "--hosts", hosts, "--min-free-gb", "0"],
+            capture_output=True, text=True, env=node.env(), timeout=120, check=False,
+        )  # fmt: skip
+        assert expected in result.stderr, result.stderr
+        assert result.returncode == (0 if expected.startswith("PASS") else 1), result.stderr
+
+
 def test_preflight_waits_for_the_ready_marker_and_reports_a_missing_one(node: FakeNode) -> None:
     (node.state / "ready").unlink()
     result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--wait-ready", "0",

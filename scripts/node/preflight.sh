@@ -9,7 +9,8 @@
 # Local checks: bootstrap finished (waits up to --wait-ready seconds), Neuron devices and
 # driver healthy and idle, no Neuron hardware errors in the kernel log, EFA provider present
 # with the EFA_DEVICE_COUNT devices of the instance type (multi-node), FSx mounted and the jobs
-# root writable, enough free disk, a local nccom-test all-reduce over this node's NeuronCores
+# root writable, enough free disk, the open-file limit raised to the hard limit (which must
+# cover nodes x processes + 1024), a local nccom-test all-reduce over this node's NeuronCores
 # where the Neuron tools are installed (its output is read too: its exit status on a failed
 # check is not documented). Then the nodes agree (collective_check.py --agree, one process per
 # node, a TCPStore on the first host at --port + 2): every node says whether its local checks
@@ -241,6 +242,20 @@ check_nccom() {
   fi
 }
 
+# Run Command starts scripts with a soft open-file limit of 1024 (systemd's default; see
+# raise_open_file_limit in lib.sh). The all-reduce's rendezvous store on the first node takes a
+# connection per rank, gloo (off Trainium) a socket per peer, and the agreement's store one per
+# node: raise the soft limit to the hard one, and fail this check when even that is too low.
+check_open_files() {
+  local needed=$((${#HOSTS[@]} * NPROC + NOFILE_BASE))
+  if ! (raise_open_file_limit "$needed") >/dev/null 2>&1; then
+    fail open-files "the open-file hard limit is $(ulimit -Hn), below the $needed descriptors the collective check may need (${#HOSTS[@]} nodes x $NPROC processes + $NOFILE_BASE): raise LimitNOFILE of the amazon-ssm-agent unit"
+    return
+  fi
+  raise_open_file_limit "$needed" 2>/dev/null
+  pass open-files "soft limit $(ulimit -Sn), about $needed needed"
+}
+
 # Seconds a node waits for the others in the agreement: they may still be waiting for their
 # bootstrap (--wait-ready) and running their local checks.
 AGREEMENT_MARGIN=180
@@ -330,6 +345,7 @@ fi
 check_efa
 check_storage
 check_nccom
+check_open_files
 # shellcheck disable=SC2034  # read by export_job_environment
 MASTER_PORT=$port
 export_job_environment
