@@ -37,7 +37,6 @@ from stacks.supervisor_limits import (
     MAX_NODE_WAITS,
 )
 from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
-from tests.supervisor_faults_support import answer_as_the_platform_for_dead_nodes
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -619,18 +618,16 @@ def test_a_node_that_dies_mid_job_is_replaced_and_the_job_resumes_from_its_check
     tmp_path: Path,
     sample_data: Path,
     default: Synth,
-    monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """One node's instance dies while the job holds after step 5 (its checkpoint saved): every
     process on it ends, its agent with them, and the group launches a replacement. SSM never
-    hears from that agent again, so its invocation stays InProgress (as on AWS:
-    tests/supervisor_faults_support.py); the workflow must not wait for it (up to the 48-hour
-    ExecutionTimeout) but see from EC2 that the node no longer runs, cancel the rest after the
-    grace, name the dead node in the retry's notification and in `cluster.py jobs`, wait for the
-    replacement, and resume from step 5. Measured: the time from the death to the resumed run's
-    first step."""
-    answer_as_the_platform_for_dead_nodes(monkeypatch)
+    hears from that agent again, so its invocation stays InProgress (as on AWS: the Run
+    Command stand-in's Invocation.status says why); the workflow must not wait for it (up to
+    the 48-hour ExecutionTimeout) but see from EC2 that the node no longer runs, cancel the
+    rest after the grace, name the dead node in the retry's notification and in `cluster.py
+    jobs`, wait for the replacement, and resume from step 5. Measured: the time from the death
+    to the resumed run's first step."""
     job = "dead-node"
     args = train_args(sample_data, "--max-steps", "20", "--checkpoint-every", "5",
                       "--eval-every", "20", "--log-every", "1")  # fmt: skip

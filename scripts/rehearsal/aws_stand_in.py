@@ -57,6 +57,10 @@ ROLE_TAG = "trainium-cluster:role"
 LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"
 
 
+#: The DescribeInstances filters the stand-in answers (besides tag:<key>).
+KNOWN_INSTANCE_FILTERS = frozenset({"instance-id", "instance-state-name"})
+
+
 class LocalCloud:
     """The cluster's AWS side on this machine; `clients()` gives the CLI its boto3 clients."""
 
@@ -208,6 +212,12 @@ class LocalCloud:
     # ------------------------------------------------------------------- EC2
     def _ec2_DescribeInstances(self, params: dict[str, Any]) -> dict[str, Any]:
         filters = {f["Name"]: set(f["Values"]) for f in params.get("Filters", [])}
+        for name in filters:
+            # EC2 refuses a filter it does not know rather than ignoring it; this stand-in
+            # answers only the filters it implements (EC2 API reference, DescribeInstances,
+            # Filter.N), so an unknown one fails here instead of matching every instance.
+            if name not in KNOWN_INSTANCE_FILTERS and not name.startswith("tag:"):
+                raise LocalError("InvalidParameterValue", f"The filter '{name}' is invalid")
         wanted_ids = set(params.get("InstanceIds", []))
         found = []
         for instance in self.instances.instances:
@@ -221,6 +231,8 @@ class LocalCloud:
             if wanted_ids and instance.instance_id not in wanted_ids:
                 continue
             if "instance-state-name" in filters and state not in filters["instance-state-name"]:
+                continue
+            if "instance-id" in filters and instance.instance_id not in filters["instance-id"]:
                 continue
             if any(
                 name.startswith("tag:") and tags.get(name[4:]) not in values

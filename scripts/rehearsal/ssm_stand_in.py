@@ -59,15 +59,17 @@ class Invocation:
     def status(self) -> dict[str, Any]:
         if self.failure:
             return {"status": "Failed", "details": "Failed", "code": 1}
+        # SSM learns an invocation's end from the agent, and the agent is what enforces
+        # executionTimeout: an invocation whose instance died stays where the agent last left
+        # it, Pending or InProgress. The SSM API reference (CommandInvocation, StatusDetails)
+        # defines "In Progress" as sent to the managed node but not in a terminal state, and
+        # "Undeliverable" only for a command that cannot be delivered; the EC2 user guide's
+        # Monitoring Commands (2016) said: "If the SSM agent is not available on the instance,
+        # the command status will show In Progress until the SSM agent is available again".
         path = self.folder / "status.json"
         if not path.is_file():
-            if self.instance.state != "running":
-                # The agent died with its node; SSM reports it when delivery times out.
-                return {"status": "TimedOut", "details": "DeliveryTimedOut", "code": -1}
             return {"status": "Pending", "details": "Pending", "code": -1}
         state: dict[str, Any] = json.loads(path.read_text())
-        if state["status"] == "InProgress" and self.instance.state != "running":
-            return {"status": "TimedOut", "details": "ExecutionTimedOut", "code": -1}
         if state["status"] == "InProgress" and (self.instance.spool / "cancel" / self.key).exists():
             return {"status": "Cancelling", "details": "Cancelling", "code": -1}
         state.setdefault("details", state["status"])
