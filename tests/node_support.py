@@ -8,8 +8,10 @@ The scripts themselves run unmodified, the SSM documents' command lines included
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import re
 import shlex
 import socket
@@ -201,8 +203,27 @@ def real_torchrun(node: FakeNode) -> dict[str, str]:
     return {"PATH": path, "WORKER_DIR": str(node.root)}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+def free_ports(count: int) -> int:
+    """A port P with P .. P + count - 1 free (preflight uses --port, +1 and +2), below the
+    ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), as
+    29600 is on the nodes: a client that retries connecting to a loopback port in that range
+    before its server listens can be given that very port as its own source port and connect
+    to itself (a TCP self-connect), which then keeps the server from binding it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, low - count)
+        try:
+            with contextlib.ExitStack() as stack:
+                for offset in range(count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("", port + offset))
+        except OSError:
+            continue
         return port
+    raise AssertionError(f"no {count} consecutive free ports below {low}")
+
+
+def free_port() -> int:
+    """A free port below the ephemeral range (free_ports says why)."""
+    return free_ports(1)

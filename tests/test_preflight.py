@@ -5,10 +5,7 @@ The fake node is tests/node_support.py.
 
 from __future__ import annotations
 
-import contextlib
-import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +18,7 @@ from tests.node_support import (
     LOG_LINE,
     NODE,
     FakeNode,
+    free_ports,
     real_torchrun,
     trainium_devices,
 )
@@ -249,27 +247,6 @@ def test_preflight_asks_for_a_replacement_when_bootstrap_failed(node: FakeNode) 
     assert result.returncode == 3, result.stderr
     assert f"FAIL ready: bootstrap failed: 2026-01-01T00:00:00Z {error}" in result.stderr
     assert f"replace this node: bootstrap failed on this boot: {error}" in result.stderr
-
-
-def free_ports(count: int) -> int:
-    """A port P with P .. P + count - 1 free (preflight uses --port, +1 and +2), below the
-    ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), as
-    29600 is on the nodes: a client that retries connecting to a loopback port in that range
-    before its server listens can be given that very port as its own source port and connect
-    to itself (a TCP self-connect), which then keeps the server from binding it."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(10000, low - count)
-        try:
-            with contextlib.ExitStack() as stack:
-                for offset in range(count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("", port + offset))
-        except OSError:
-            continue
-        return port
-    raise AssertionError(f"no {count} consecutive free ports below {low}")
 
 
 def preflight_on_two_nodes(

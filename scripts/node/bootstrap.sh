@@ -582,11 +582,7 @@ phase_efa() {
   providers=$(fi_info -p efa -t FI_EP_RDM 2>&1 || true)
   grep -q 'provider: efa' <<<"$providers" ||
     die "libfabric has no EFA provider: multi-node training needs the EFA interfaces"
-  # The distinct `domain:` values ending in -rdm of provider efa: one per EFA device
-  # (libfabric prints provider, fabric, domain (rdmap0s31-rdm), version, type, protocol).
-  found=$(awk '$1 == "provider:" {efa = ($2 == "efa")}
-    efa && $1 == "domain:" && $2 ~ /-rdm$/ && !seen[$2]++ {n++}
-    END {print n + 0}' <<<"$providers")
+  found=$(efa_device_count <<<"$providers")
   if [[ -z ${EFA_DEVICE_COUNT:-} ]]; then
     log "EFA provider present, $found EFA devices (no EFA_DEVICE_COUNT in $ENV_FILE to compare with)"
     return 0

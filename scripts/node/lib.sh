@@ -239,6 +239,15 @@ print(sum(int(d.get("nc_count", 0)) for d in devices if isinstance(d, dict)))
 '
 }
 
+# EFA devices in `fi_info -p efa -t FI_EP_RDM` output (stdin): the distinct `domain:` values
+# ending in -rdm in blocks of provider efa (libfabric prints one block per device: provider,
+# fabric, domain (rdmap0s31-rdm), version, type, protocol).
+efa_device_count() {
+  awk '$1 == "provider:" {efa = ($2 == "efa")}
+    efa && $1 == "domain:" && $2 ~ /-rdm$/ && !seen[$2]++ {n++}
+    END {print n + 0}'
+}
+
 # Sets NPROC and ON_TRAINIUM from the requested --nproc-per-node value.
 resolve_nproc() {
   local requested=$1 cores=0

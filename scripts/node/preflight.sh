@@ -155,15 +155,6 @@ print(len(devices), cores, ",".join(busy) or "-")
   fi
 }
 
-# EFA devices in `fi_info -p efa -t FI_EP_RDM` output (stdin): the distinct `domain:` values
-# ending in -rdm in blocks of provider efa (libfabric prints one block per device: provider,
-# fabric, domain (rdmap0s31-rdm), version, type, protocol).
-efa_device_count() {
-  awk '$1 == "provider:" {efa = ($2 == "efa")}
-    efa && $1 == "domain:" && $2 ~ /-rdm$/ && !seen[$2]++ {n++}
-    END {print n + 0}'
-}
-
 check_efa() {
   local providers found expected=${EFA_DEVICE_COUNT:-}
   if ((${#HOSTS[@]} == 1)); then
