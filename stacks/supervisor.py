@@ -1,19 +1,19 @@
 """The job supervisor: AWS Step Functions standard executions that run each training job.
 
 It supervises a job in AWS rather than on the operator's machine, so a job keeps its supervision
-when that machine sleeps or its credentials expire: wait for a full set of bootstrapped nodes,
-run Preflight, run RunTraining on every node with the same job ID and the full host list, follow
-the invocations, and on a failure retry with resume (the same job ID) up to the job's limit; a
-leg that ended at its time limit (contract C4: every node Success or ResponseCode 75) continues
-without spending a retry, a job stopped with StopTraining is not retried, a node whose preflight
-exits 3 (a Neuron hardware error) is marked unhealthy so the Auto Scaling group replaces it, and
-a preflight that exits 4 (the nodes run different software) ends the job without spending
-retries: only a roll helps. A node whose instance dies mid-command never reports again (its
-invocation stays in progress): the poll asks EC2 which nodes still run and treats a node that does
-not as one that ended (stacks/supervisor_run.py). The cluster's SNS topic hears of the start,
-each retry and what happened on each node that did not end well (failed with status N, node
-gone, cancelled, replaced), each new leg, a stop, the failure, a mixed fleet and the finish; the
-hand-over's output (Why) and a failed job's cause say the same for `cluster.py jobs`.
+when that machine sleeps or its credentials expire: wait for a full set of bootstrapped nodes, run
+Preflight, run RunTraining on every node with the same job ID and the full host list, follow the
+invocations, and on a failure retry with resume (the same job ID) up to the job's limit; a leg that
+ended at its time limit (contract C4: every node Success or ResponseCode 75) continues without
+spending a retry, a job stopped with StopTraining is not retried, a node whose preflight exits 3 (a
+Neuron hardware error, a lost EFA device, a failed bootstrap) is marked unhealthy so the Auto
+Scaling group replaces it, and a preflight that exits 4 (the nodes run different software) ends the
+job without spending retries: only a roll helps. A node whose instance dies mid-command never
+reports again (its invocation stays in progress): the poll asks EC2 which nodes still run and treats
+a node that does not as one that ended (stacks/supervisor_run.py). The cluster's SNS topic hears of
+the start, each retry and what happened on each node that did not end well (failed with status N,
+node gone, cancelled, replaced), each new leg, a stop, the failure, a mixed fleet and the finish;
+the hand-over's output (Why) and a failed job's cause say the same for `cluster.py jobs`.
 
 Everything is Amazon States Language (JSONPath) with AWS SDK service integrations; no Lambda
 function is needed. The two things ASL has no function for are built from what it has: the

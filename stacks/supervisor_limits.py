@@ -23,7 +23,8 @@ HISTORY_EVENTS = 25_000
 #: Per node and attempt: its address in the host list (a Pass and a Choice, 4 events) and the
 #: classification of its Preflight and RunTraining invocations (a Map iteration through Choice
 #: and Pass states, at most 10 events, for a failed node or one that is gone; 15 for a node
-#: marked unhealthy, whose iteration calls SetInstanceHealth). tests/test_supervisor.py counts RunTraining's in an execution's history.
+#: marked unhealthy, whose iteration calls SetInstanceHealth). tests/test_supervisor.py counts
+#: RunTraining's in an execution's history.
 EVENTS_PER_NODE = 30
 #: Everything else one attempt writes: the start, reading the group and the addresses, the
 #: grace period, the stop check, notifications and the hand-over.

@@ -4,7 +4,7 @@
 node, one SendCommand per batch of at most SEND_BATCH nodes inside a Map, follow each command
 to its end (cancelling the rest of a batch once a node has ended, or its instance no longer
 runs, and FailureGraceSeconds have passed), and classify every invocation inside a second Map:
-ok, leg (RunTraining ended at its time limit), replaced (Preflight found a Neuron hardware error:
+ok, leg (RunTraining ended at its time limit), replaced (Preflight found a fault no retry fixes:
 the node is marked unhealthy), roll (Preflight found the nodes run different software) or bad,
 each but ok with the cause in words. The last state, <Document>Verdict, sums the classes up in
 $.Verdict; $.Outcome lists the command IDs and the causes. The workflow
@@ -39,7 +39,8 @@ from stacks.config import CLUSTER_TAG_KEY
 from stacks.supervisor_limits import SEND_BATCH
 from stacks.supervisor_tasks import SupervisorTasks
 
-#: preflight.sh exits with this status on a Neuron hardware error: replace the node.
+#: preflight.sh exits with this status on a fault no retry on the node fixes (a Neuron hardware
+#: error, fewer EFA devices than the instance type has, a failed bootstrap): replace the node.
 REPLACE_NODE_STATUS = 3
 #: preflight.sh exits with this status when the nodes run different software (the node-software
 #: check): no retry can help, a roll of the fleet does, so the job ends at once.
@@ -372,8 +373,9 @@ def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
                 "Replaced",
                 "replaced",
                 sfn.JsonPath.format(
-                    "{}: Preflight found a Neuron hardware error (status {}); marked unhealthy, "
-                    "the group replaces the node",
+                    "{}: Preflight found a fault no retry on the node can fix (status {}: a "
+                    "Neuron hardware error, a lost EFA device or a failed bootstrap; its output "
+                    "names it); marked unhealthy, the group replaces the node",
                     sfn.JsonPath.string_at(instance),
                     sfn.JsonPath.string_at(code),
                 ),

@@ -328,7 +328,7 @@ def test_oom_kills_then_a_lost_efa_device_and_a_failed_bootstrap_the_job_finishe
         # The third retry's notice names both replaced nodes.
         notice = cloud.notifications[3]["Message"] if len(subjects) == 5 else ""
         named = [f"{i.instance_id}: Preflight" in notice for i in (first, second)]
-        expect("notifications", all(named) and "(status 3)" in notice, notice)
+        expect("notifications", all(named) and "(status 3: " in notice, notice)
         assert not problems, "\n".join(problems)
 
 

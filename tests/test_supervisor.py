@@ -608,7 +608,8 @@ def test_a_node_whose_preflight_reports_a_hardware_error_is_replaced_and_the_job
         assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 10
         subjects = [n["Subject"].rsplit(" ", 1)[-1] for n in cloud.notifications]
         assert subjects == ["started", "retries", "finished"], subjects
-        cause = f"{victim.instance_id}: Preflight found a Neuron hardware error (status 3)"
+        cause = f"{victim.instance_id}: Preflight found a fault no retry on the node can fix"
+        cause += " (status 3: a Neuron hardware error"
         assert cause in cloud.notifications[1]["Message"], cloud.notifications[1]
 
 
