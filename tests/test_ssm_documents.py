@@ -7,6 +7,7 @@ repeat counts above 1000, nested counts multiplied, where Python accepts them.""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -282,18 +283,66 @@ def hosts(count: int) -> str:
     return ",".join(f"10.0.{i // 200}.{100 + i % 200}" for i in range(count))
 
 
-def test_hosts_take_a_64_node_cluster_and_refuse_more() -> None:
-    """The cluster goes up to 64 nodes: the longest list of 64 addresses fits in maxChars."""
-    parameter = load("RunTraining").parameters["Hosts"]
-    widest = ",".join(["100.100.100.100"] * 64)
-    assert len(widest) == 1023
-    too_many = ",".join(["100.100.100.100"] * 65)
-    accepted, refused = go_check([go_case(parameter, widest), go_case(parameter, too_many)])
-    assert accepted is None
-    assert refused is not None and "maxChars" in refused
-    assert cli_accepts(parameter, widest) and cli_accepts(parameter, hosts(64))
-    with pytest.raises(ClusterError, match="at most 1023"):
-        parameter.check(too_many, "Hosts")
+def test_hosts_take_a_1024_node_cluster_and_refuse_more() -> None:
+    """The host list of 1,024 nodes, each address at its longest (15 characters), fits in
+    maxChars, for the agent (Go) and the CLI; one more address does not."""
+    for name in ("RunTraining", "Preflight", "Precompile"):
+        parameter = load(name).parameters["Hosts"]
+        widest = ",".join(["100.100.100.100"] * 1024)
+        assert len(widest) == parameter.max_chars == 16383
+        too_many = ",".join(["100.100.100.100"] * 1025)
+        accepted, refused = go_check([go_case(parameter, widest), go_case(parameter, too_many)])
+        assert accepted is None, accepted
+        assert refused is not None and "maxChars" in refused
+        assert cli_accepts(parameter, widest) and cli_accepts(parameter, hosts(1024))
+        with pytest.raises(ClusterError, match="at most 16383"):
+            parameter.check(too_many, "Hosts")
+
+
+#: The longest value of each parameter that has no maxChars, as its pattern bounds it; the
+#: test below checks with Go that it is accepted and that one character more is not.
+LONGEST_BY_PATTERN = {
+    "JobId": "A" * 64,
+    "MasterPort": "99999",
+    "Port": "99999",
+    "NprocPerNode": "auto",
+    "ExecutionTimeout": "172800",
+    "StopGraceSeconds": "999999",
+    "Steps": "9999",
+}
+#: SendCommand: "The content of the document must not exceed 64KB. This quota also includes the
+#: content specified for input parameters at runtime" (SSM CreateDocument API reference,
+#: Content). Half of it is what the documents may reach with every parameter at its
+#: longest.
+SEND_COMMAND_LIMIT = 64 * 1024
+
+
+def test_a_command_with_every_parameter_at_its_longest_stays_far_below_64_kb() -> None:
+    """Each document's content (as YAML with its comments, and as the JSON the stack deploys)
+    plus every parameter at its longest (maxChars, or the longest value its pattern allows)
+    stays under half of SendCommand's 64 KB: the 1,024-node host list (16,383) and
+    TrainArgs (2,048) are most of it."""
+    for name in DOCUMENT_NAMES:
+        document = load(name)
+        cases, longest = [], {}
+        for parameter in document.parameters.values():
+            if parameter.max_chars is not None:
+                longest[parameter.name] = parameter.max_chars
+                continue
+            value = LONGEST_BY_PATTERN.get(parameter.name)
+            assert value is not None, f"{name}.{parameter.name}: no maxChars, no known bound"
+            cases += [go_case(parameter, value), go_case(parameter, value + "9")]
+            longest[parameter.name] = len(value)
+        verdicts = go_check(cases) if cases else []
+        assert verdicts[0::2] == [None] * (len(cases) // 2), verdicts
+        assert all(v is not None for v in verdicts[1::2]), verdicts
+        content = max(
+            len(document.path.read_bytes()),
+            len(json.dumps(document.content, separators=(",", ":")).encode()),
+        )
+        total = content + sum(longest.values())
+        print(f"{name}: {content} bytes of document + {longest} = {total}")
+        assert total < SEND_COMMAND_LIMIT / 2, (name, total)
 
 
 @pytest.mark.parametrize(
