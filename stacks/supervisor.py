@@ -17,9 +17,10 @@ the hand-over's output (Why) and a failed job's cause say the same for `cluster.
 
 Everything is Amazon States Language (JSONPath) with AWS SDK service integrations; no Lambda
 function is needed. The two things ASL has no function for are built from what it has: the
-comma-separated host list (there is no States.ArrayJoin) is built by a short loop of
-States.Format, and "every invocation ended Success or 75" is decided per invocation by a Choice
-inside a Map and then summed up with States.ArrayContains.
+comma-separated host list (there is no States.ArrayJoin) is one States.Format with a placeholder
+per node (the cluster's node_count is fixed at synthesis), and "every invocation ended Success or
+75" is decided per invocation by a Choice inside a Map and then summed up with
+States.ArrayContains.
 
 History budget: a standard execution keeps at most 25,000 events. So that a job of any length
 fits, an execution follows at most one attempt: at every new leg, every retry and after

@@ -37,6 +37,17 @@ JOB_DEFAULTS: dict[str, Any] = {
 }
 
 
+def host_list_format(path: str, count: int) -> str:
+    """States.Format of the `count` items of the array at `path`, joined by commas: no history
+    event per node (a loop of one Pass and one Choice per address wrote four). Intrinsic
+    functions nest up to 10 deep (Step Functions, intrinsic functions); this nests two, and the
+    Format's template and arguments grow by about 45 characters a node (47 KB at 1,024, of the
+    1 MB a definition may have: Step Functions quotas)."""
+    template = ",".join(["{}"] * count)
+    items = ", ".join(f"States.ArrayGetItem({path}, {i})" for i in range(count))
+    return f"States.Format('{template}', {items})"
+
+
 class SupervisorStates(OutcomeStates):
     """Every state of the job supervisor, each made once, when the workflow first names it: the
     ones up to an attempt's outcome here, the ones after it in OutcomeStates."""
@@ -175,7 +186,7 @@ class SupervisorStates(OutcomeStates):
 
     @cached_property
     def read_addresses(self) -> sfn.TaskStateBase:
-        """$.Nodes: the nodes' instance IDs and private addresses."""
+        """$.Group: the nodes' instance IDs and private addresses, in place of the group's."""
         instances = "$.Reservations[*].Instances[*]"
         return self.t.sdk(
             "ReadAddresses",
@@ -188,28 +199,20 @@ class SupervisorStates(OutcomeStates):
                 "Ids": sfn.JsonPath.list_at(f"{instances}.InstanceId"),
                 "Addresses": sfn.JsonPath.list_at(f"{instances}.PrivateIpAddress"),
             },
-            result_path="$.Nodes",
+            result_path="$.Group",
         )
 
-    # ASL has no join: the host list "a,b,c" is built one address at a time in $.Join.
     @cached_property
-    def start_host_list(self) -> sfn.Pass:
-        first = sfn.JsonPath.array_get_item(sfn.JsonPath.list_at("$.Nodes.Addresses"), 0)
+    def join_hosts(self) -> sfn.Pass:
+        """$.Group: the IDs and the host list "a,b,c" (in place of the addresses), in one state.
+        ASL has no join, but the number of addresses is the cluster's node_count (FullSet waits
+        for exactly that many), so one States.Format with a placeholder per node does it
+        (host_list_format)."""
+        ids = sfn.JsonPath.list_at("$.Group.Ids")
+        hosts = host_list_format("$.Group.Addresses", self.t.config.node_count)
         return self._pass(
-            "StartHostList", parameters={"Hosts": first, "Index": 1}, result_path="$.Join"
+            "JoinHosts", parameters={"Ids": ids, "Hosts.$": hosts}, result_path="$.Group"
         )
-
-    more_hosts = choice("MoreHosts")
-
-    add_host = pass_state(
-        "AddHost",
-        "$.Join",
-        {
-            "Hosts.$": "States.Format('{},{}', $.Join.Hosts, "
-            "States.ArrayGetItem($.Nodes.Addresses, $.Join.Index))",
-            "Index.$": "States.MathAdd($.Join.Index, 1)",
-        },
-    )
 
     @cached_property
     def nodes_ready_at(self) -> sfn.Pass:
@@ -226,21 +229,27 @@ class SupervisorStates(OutcomeStates):
 
     @cached_property
     def nodes_ready(self) -> sfn.Pass:
-        """$.Nodes: the IDs, the host list, the batches of SendCommand and the time they were
-        ready (from which a StopTraining command counts)."""
+        """The attempt's state from here on: the job, its counters, ContinuedFrom and $.Nodes
+        (the host list, the batches of SendCommand and the time the nodes were ready, from which
+        a StopTraining command counts). What only the wait for nodes needed ($.Group, the node
+        waits, the running executions) stays behind: at 1,024 nodes each list of IDs is
+        about 22 KB of a state's 256 KiB (tests/test_supervisor.py measures the payloads)."""
         return self._pass(
             "NodesReady",
             parameters={
-                "Ids": sfn.JsonPath.list_at("$.Nodes.Ids"),
-                "Hosts": sfn.JsonPath.string_at("$.Join.Hosts"),
-                "Batches.$": f"States.ArrayPartition($.Nodes.Ids, {SEND_BATCH})",
-                # ListCommands' InvokedAfter takes "2024-07-07T00:00:00Z" (SSM API reference,
-                # CommandFilter): the time without its milliseconds.
-                "Since.$": "States.Format('{}-{}-{}T{}:{}:{}Z', "
-                + time_parts("$.Since.Parts")
-                + ")",
+                "Job": sfn.JsonPath.object_at("$.Job"),
+                "Counters": sfn.JsonPath.object_at("$.Counters"),
+                "ContinuedFrom": sfn.JsonPath.string_at("$.ContinuedFrom"),
+                "Nodes": {
+                    "Hosts": sfn.JsonPath.string_at("$.Group.Hosts"),
+                    "Batches.$": f"States.ArrayPartition($.Group.Ids, {SEND_BATCH})",
+                    # ListCommands' InvokedAfter takes "2024-07-07T00:00:00Z" (SSM API
+                    # reference, CommandFilter): the time without its milliseconds.
+                    "Since.$": "States.Format('{}-{}-{}T{}:{}:{}Z', "
+                    + time_parts("$.Since.Parts")
+                    + ")",
+                },
             },
-            result_path="$.Nodes",
         )
 
     # An attempt: preflight, then training --------------------------------------------------------

@@ -10,8 +10,7 @@ around it is stacks/supervisor.py.
     FullSet         all nodes InService and Healthy → ReadAddresses
                     otherwise → WaitForNodes → CountNodeWait → KeepWaiting
     KeepWaiting     MAX_NODE_WAITS polls → DescribeLongWait → HandOver; otherwise → ReadGroup
-    ReadAddresses → StartHostList → MoreHosts ⇄ AddHost;
-                    MoreHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
+    ReadAddresses → JoinHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
     NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
     PreflightPassed a mixed fleet → NotifyMixedFleet → NodesDiffer (fails)
                     a bad or replaced node → RetryLeft
@@ -53,8 +52,7 @@ def definition(s: SupervisorStates, *, node_count: int) -> sfn.IChainable:
     # and of the joins within them, fixes the order of the states in the definition string,
     # though not what they do; it is kept as deployed (tests/test_stacks_snapshots.py):
     # ReadGroup is joined from KeepWaiting before the job's start, HandOver from a leg end
-    # before a retry, MoreHosts from AddHost before StartHostList, RetryLeft from WasStopped
-    # before AnyStopCommand.
+    # before a retry, RetryLeft from WasStopped before AnyStopCommand.
     wait_for_nodes(s, node_count=node_count)
     first = start_the_job(s)
     run_an_attempt(s)
@@ -102,13 +100,10 @@ def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
     ).otherwise(s.read_group)
     s.describe_long_wait.next(s.hand_over)
 
-    # The host list "a,b,c", one address at a time (ASL has no join): the loop, then its entry.
-    s.more_hosts.when(
-        sfn.Condition.number_less_than("$.Join.Index", node_count), s.add_host
-    ).otherwise(s.nodes_ready_at)
-    s.add_host.next(s.more_hosts)
-    s.read_addresses.next(s.start_host_list).next(s.more_hosts)
-    s.nodes_ready_at.next(s.split_nodes_ready_at).next(s.nodes_ready)
+    # The host list "a,b,c" in one state (stacks/supervisor_states.py, host_list_format).
+    s.read_addresses.next(s.join_hosts).next(s.nodes_ready_at).next(s.split_nodes_ready_at).next(
+        s.nodes_ready
+    )
 
 
 def run_an_attempt(s: SupervisorStates) -> None:

@@ -30,6 +30,7 @@ from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import local_supervisor
+from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
     EVENTS_PER_NODE_WAIT,
@@ -228,7 +229,8 @@ def test_the_definition_sends_the_cluster_documents_with_the_job_parameters(
     batches = [s for _, s in states(definition) if s.get("ItemsPath") == "$.Nodes.Batches"]
     assert len(batches) == 2
     (ready,) = [s for n, s in states(definition) if n == "NodesReady"]
-    assert ready["Parameters"]["Batches.$"] == "States.ArrayPartition($.Nodes.Ids, 50)"
+    batches_of = ready["Parameters"]["Nodes"]["Batches.$"]
+    assert batches_of == "States.ArrayPartition($.Group.Ids, 50)", batches_of
 
 
 def asl_diagnostics(definition: dict[str, Any]) -> list[dict[str, Any]]:
@@ -681,3 +683,118 @@ def test_a_node_that_dies_mid_job_is_replaced_and_the_job_resumes_from_its_check
             f"\ndeath to training again: {resumed['time'] - died:.1f} s (first step "
             f"{resumed['step']} of the resumed run; {settings}; replacement launched at once)"
         )
+
+
+# ------------------------------------------------------------------ payloads at 1,024 nodes
+
+#: A state's input and output may hold at most 262,144 bytes (Step Functions quotas, "Maximum
+#: input or output size for a task, state, or execution"); the supervisor keeps each under a
+#: quarter of it at 1,024 nodes.
+PAYLOAD_LIMIT = 262_144
+PAYLOAD_SHARE = 0.25
+
+
+def run_states(
+    found: dict[str, Any], start: str, last: str, given: dict[str, Any]
+) -> dict[str, str]:
+    """Runs the states from `start` to `last` (Pass states of the definition, following their
+    Next) in moto's ASL interpreter with `given` as the input; returns each state's output, as
+    Step Functions records it in the history (stateExitedEventDetails.output)."""
+    from moto import mock_aws
+
+    chain, name = {}, start
+    while True:
+        state = dict(found[name])
+        following = state.pop("Next")
+        chain[name] = {**state, "End": True} if name == last else {**state, "Next": following}
+        if name == last:
+            break
+        name = following
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        import boto3
+
+        client = boto3.client("stepfunctions", region_name="us-east-1")
+        arn = client.create_state_machine(
+            name="payloads",
+            definition=json.dumps({"StartAt": start, "States": chain}),
+            roleArn="arn:aws:iam::123456789012:role/payloads",
+        )["stateMachineArn"]
+        execution = client.start_execution(stateMachineArn=arn, input=json.dumps(given))
+        deadline = time.monotonic() + 60
+        while (
+            status := client.describe_execution(executionArn=execution["executionArn"])["status"]
+        ) == "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        events = client.get_execution_history(executionArn=execution["executionArn"])["events"]
+        assert status == "SUCCEEDED", events[-3:]
+    return {
+        e["stateExitedEventDetails"]["name"]: e["stateExitedEventDetails"]["output"]
+        for e in events
+        if "stateExitedEventDetails" in e
+    }
+
+
+def test_the_host_list_is_one_state_and_its_payloads_fit_at_1024_nodes(default: Synth) -> None:
+    """JoinHosts joins the addresses in one state (no history event per node), in order; at
+    1,024 nodes of the longest IPv4 addresses (15 characters), run in moto's interpreter with
+    the definition's own JoinHosts (made for 1,024) and NodesReady (the host list, the batches
+    of SendCommand), every state's output stays under PAYLOAD_SHARE of the payload quota, and
+    so does what one batch's SendCommand iteration gets (the host list and its 50 IDs)."""
+    from stacks.supervisor_states import host_list_format
+
+    template = default.templates["operations"]
+    found = dict(states(machine_definition(template, placeholder_refs(template))))
+    assert found["ReadAddresses"]["Next"] == "JoinHosts"
+    assert not {"MoreHosts", "AddHost", "StartHostList"} & set(found)
+    nodes = default.config.node_count
+    assert found["JoinHosts"]["Parameters"] == {
+        "Ids.$": "$.Group.Ids", "Hosts.$": host_list_format("$.Group.Addresses", nodes)
+    }  # fmt: skip
+    addresses = [f"10.{i // 256}.{i % 256}.{i % 7}" for i in range(nodes)]
+    out = run_states(
+        found, "JoinHosts", "JoinHosts", {"Group": {"Ids": ["i-1", "i-2"], "Addresses": addresses}}
+    )
+    assert json.loads(out["JoinHosts"])["Group"]["Hosts"] == ",".join(addresses)
+
+    count = 1024
+    found["JoinHosts"] = {
+        **found["JoinHosts"],
+        "Parameters": {
+            **found["JoinHosts"]["Parameters"],
+            "Hosts.$": host_list_format("$.Group.Addresses", count),
+        },
+    }
+    ids = [f"i-{n:017x}" for n in range(count)]  # 19 characters, as EC2's
+    addresses = [
+        f"172.{100 + n // 256}.{100 + n % 256 // 100}.{100 + n % 100}" for n in range(count)
+    ]
+    assert {len(a) for a in addresses} == {15}
+    given = {
+        # The longest job ID and TrainArgs the RunTraining document allows (64, 2048).
+        "Job": {**JOB_DEFAULTS, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
+        "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
+        "ContinuedFrom": "",
+        "NodeWaits": {"Count": 3},
+        "Group": {"Ids": ids, "Addresses": addresses},
+    }
+    out = run_states(found, "JoinHosts", "NodesReady", given)
+    assert list(out) == ["JoinHosts", "NodesReadyAt", "SplitNodesReadyAt", "NodesReady"], list(out)
+    # The attempt goes on with the job, its counters and the nodes' host list and batches;
+    # the group's and the addresses' lists stay behind.
+    assert set(json.loads(out["NodesReady"])) == {"Job", "Counters", "ContinuedFrom", "Nodes"}
+    ready = json.loads(out["NodesReady"])["Nodes"]
+    assert ready["Hosts"] == ",".join(addresses) and len(ready["Hosts"]) == 16 * count - 1
+    assert [len(b) for b in ready["Batches"]] == [50] * 20 + [24]
+    # ReadAddresses' output is this test's input (its ResultSelector's IDs and addresses).
+    sizes = {"ReadAddresses": len(json.dumps(given).encode())}
+    sizes.update((name, len(output.encode())) for name, output in out.items())
+    # What a batch's iteration of PreflightBatches/RunTrainingBatches gets (its ItemSelector).
+    sizes["RunTrainingBatches item"] = len(
+        json.dumps(
+            {"InstanceIds": ready["Batches"][0], "Hosts": ready["Hosts"],
+             "Job": given["Job"], "Attempt": 1}
+        ).encode()
+    )  # fmt: skip
+    print(f"\nlargest state outputs at {count} nodes (bytes): {sizes}")
+    assert max(sizes.values()) < PAYLOAD_SHARE * PAYLOAD_LIMIT, sizes
