@@ -26,8 +26,11 @@ History budget: a standard execution keeps at most 25,000 events. So that a job 
 fits, an execution follows at most one attempt: at every new leg, every retry and after
 MAX_NODE_WAITS polls for nodes it starts a new execution of this state machine with the job's
 settings and counters (ContinuedFrom names the one before) and ends SUCCEEDED with ContinuedAs
-in its output; the CLI follows the chain. stacks/supervisor_limits.py holds the arithmetic (the
-CLI refuses a PollSeconds at which one attempt would not fit).
+in its output; the CLI follows the chain. Each batch of 50 nodes is followed in a child
+execution of a Distributed Map, with a history of its own, so the job's execution writes no
+event per node or per poll and the shortest PollSeconds does not grow with the cluster.
+stacks/supervisor_limits.py holds the arithmetic (the CLI refuses a PollSeconds at which one
+attempt would not fit).
 
 Where things are:
 - stacks/supervisor_workflow.py: the workflow, its states in the order a job meets them, every
@@ -229,6 +232,35 @@ class JobSupervisor(Construct):
             "The state machine's role has one policy of its own, written by aws-cdk-lib from "
             "the service integrations the definition uses; it belongs to this role only and is "
             "deleted with it, so a managed policy would add nothing.",
+        )
+        # The Distributed Map that follows each batch of nodes in a child execution: aws-cdk-lib
+        # writes its policy (start this state machine's child executions, describe and stop
+        # them), whose execution ARNs end in the map run's and the child's generated names.
+        children = self.state_machine.node.find_child("DistributedMapPolicy")
+        machine = self.state_machine.node.default_child
+        assert isinstance(machine, cdk.CfnElement)
+        machine_name = (
+            '{"Fn::Select":[6,{"Fn::Split":[":",{"Ref":"'
+            + cdk.Stack.of(self).get_logical_id(machine)
+            + '"}]}]}'
+        )
+        executions = f"{arn}:states:{config.region}:<AWS::AccountId>:execution:{machine_name}"
+        acknowledge(
+            children,
+            [
+                f"AwsSolutions-IAM5[Resource::{executions}:*]",
+                f"AwsSolutions-IAM5[Resource::{executions}/*:*]",
+            ],
+            "The Distributed Map's child executions (one per batch of 50 nodes) are named by "
+            "Step Functions when a map run starts; the wildcards stand for those names, under "
+            "this state machine only (aws-cdk-lib's DistributedMap policy: "
+            "states:DescribeExecution, states:StopExecution and states:RedriveExecution).",
+        )
+        acknowledge(
+            children,
+            "NIST.800.53.R5-IAMNoInlinePolicy",
+            "aws-cdk-lib writes the Distributed Map's policy for this role only; it is deleted "
+            "with it.",
         )
         acknowledge(
             self.role,

@@ -4,14 +4,21 @@ import, so the CLI can use it.
 
 A standard execution keeps at most 25,000 events in its history ("Maximum execution history
 size: 25,000 events in a single state machine execution history", Step Functions quotas,
-Quotas related to state machine executions); an inline Map's iterations write into the same
-history. The supervisor therefore hands the job over to a new execution of itself at every new
-leg, every retry and after MAX_NODE_WAITS polls for nodes, so one execution follows at most one
-attempt. An attempt is a RunTraining command of at most LEG_SECONDS (the aws:runShellScript
-limit, RunTraining's ExecutionTimeout), polled once per PollSeconds by every batch of 50 nodes
-(one Map iteration each), and each poll writes EVENTS_PER_POLL events. What the polls may
-spend is what is left after the states around them: the waits for nodes before the attempt,
-EVENTS_PER_NODE for each node and OTHER_EVENTS for the rest.
+Quotas related to state machine executions). The supervisor therefore hands the job over to a
+new execution of itself at every new leg, every retry and after MAX_NODE_WAITS polls for nodes,
+so one execution follows at most one attempt, and it follows each batch of SEND_BATCH nodes in
+a child execution of its own: PreflightBatches and RunTrainingBatches are Distributed Maps
+whose iterations are standard executions ("Each child workflow execution has its own, separate
+execution history from that of the parent workflow", Step Functions developer guide, Avoid
+reaching the history quota; the parent's history records the map run's start and end).
+
+So the job's execution writes what the attempt writes around its commands (OTHER_EVENTS) and
+its polls for nodes (MAX_NODE_WAITS of EVENTS_PER_NODE_WAIT), whatever the node count and
+however often the commands are polled; no event per node (the host list is one state) and none
+per poll. A batch's child execution sends the command, polls it once per PollSeconds for up to
+LEG_SECONDS (EVENTS_PER_POLL each), and classifies its invocations (at most EVENTS_PER_NODE a
+node) with CHILD_OTHER_EVENTS around them: min_poll_seconds is what that child's history
+allows, the same from 50 nodes to 1,024 (stacks/config.py bounds node_count).
 """
 
 from __future__ import annotations
@@ -20,23 +27,29 @@ import math
 
 #: Step Functions quotas: maximum execution history size of a standard execution.
 HISTORY_EVENTS = 25_000
-#: Per node and attempt: its address in the host list (a Pass and a Choice, 4 events) and the
-#: classification of its Preflight and RunTraining invocations (a Map iteration through Choice
-#: and Pass states, at most 10 events, for a failed node or one that is gone; 15 for a node
-#: marked unhealthy, whose iteration calls SetInstanceHealth). tests/test_supervisor.py counts
-#: RunTraining's in an execution's history.
-EVENTS_PER_NODE = 30
-#: Everything else one attempt writes: the start, reading the group and the addresses, the
-#: grace period, the stop check, notifications and the hand-over.
+#: Per node in its batch's child execution: the classification of its invocation (an iteration
+#: of <Document>EachInvocation through Choice and Pass states: at most 10 events for a failed
+#: node or one that is gone, 15 for a node Preflight marks unhealthy, whose iteration calls
+#: SetInstanceHealth). tests/test_supervisor.py counts RunTraining's in a child's history.
+EVENTS_PER_NODE = 15
+#: The rest of a batch's child execution: its start and end, SendCommand, the grace and the
+#: cancel once a node has ended (13), ListCommandInvocations, the classification Map's own
+#: events and the batch's result (31 in all), with room for the Task retries that throttling
+#: causes (3 events each).
+CHILD_OTHER_EVENTS = 500
+#: Everything else one attempt writes in the job's execution: the start, reading the group and
+#: the addresses, the host list, the two Distributed Maps' runs, the grace period, the stop
+#: check, notifications and the hand-over.
 OTHER_EVENTS = 1_000
-#: One poll: Wait (entered, exited), two Tasks (entered, scheduled, started, succeeded, exited:
-#: ListCommands, and DescribeInstances for the batch's nodes that still run), a Pass that counts
-#: them and the Choice (entered, exited each). tests/test_supervisor.py counts them in an
-#: execution's history.
+#: One poll, in a batch's child execution: Wait (entered, exited), two Tasks (entered,
+#: scheduled, started, succeeded, exited: ListCommands, and DescribeInstances for the batch's
+#: nodes that still run), a Pass that counts them and the Choice (entered, exited each).
+#: tests/test_supervisor.py counts them in a child's history.
 EVENTS_PER_POLL = 16
-#: One poll for a full set of nodes: Wait 2, the ReadGroup Task 5, five Pass or Choice states 2
-#: each (tests/test_supervisor.py adds them up along the definition's loop). After
-#: MAX_NODE_WAITS of them the execution hands the job over (at PollSeconds 300, 8 hours).
+#: One poll for a full set of nodes, in the job's execution: Wait 2, the ReadGroup Task 5, five
+#: Pass or Choice states 2 each (tests/test_supervisor.py adds them up along the definition's
+#: loop). After MAX_NODE_WAITS of them the execution hands the job over (at PollSeconds 300,
+#: 8 hours).
 EVENTS_PER_NODE_WAIT = 17
 MAX_NODE_WAITS = 100
 #: The longest a RunTraining command runs (its ExecutionTimeout: at most 172800 seconds, the
@@ -44,7 +57,7 @@ MAX_NODE_WAITS = 100
 LEG_SECONDS = 172_800
 #: The supervisor's poll of a running command when the execution input names none.
 DEFAULT_POLL_SECONDS = 300
-#: SendCommand takes at most 50 instance IDs (SSM API reference): one Map iteration each.
+#: SendCommand takes at most 50 instance IDs (SSM API reference): one child execution each.
 SEND_BATCH = 50
 
 
@@ -52,14 +65,19 @@ def batches(node_count: int) -> int:
     return math.ceil(node_count / SEND_BATCH)
 
 
+def job_events() -> int:
+    """The most one attempt writes in the job's execution, on any number of nodes."""
+    return OTHER_EVENTS + MAX_NODE_WAITS * EVENTS_PER_NODE_WAIT
+
+
 def poll_events(node_count: int) -> int:
-    """The events one attempt's polls may write on `node_count` nodes."""
-    waits = MAX_NODE_WAITS * EVENTS_PER_NODE_WAIT
-    return HISTORY_EVENTS - OTHER_EVENTS - waits - EVENTS_PER_NODE * node_count
+    """The events the polls of one attempt may write in the child execution of its largest
+    batch on `node_count` nodes."""
+    return HISTORY_EVENTS - CHILD_OTHER_EVENTS - EVENTS_PER_NODE * min(node_count, SEND_BATCH)
 
 
 def min_poll_seconds(node_count: int, leg_seconds: int | None = None) -> int:
     """The shortest PollSeconds at which one attempt of `leg_seconds` (LEG_SECONDS) on
-    `node_count` nodes stays within the history."""
-    polls = poll_events(node_count) / (EVENTS_PER_POLL * batches(node_count))
+    `node_count` nodes stays within the history of each batch's child execution."""
+    polls = poll_events(node_count) / EVENTS_PER_POLL
     return math.ceil((LEG_SECONDS if leg_seconds is None else leg_seconds) / polls)

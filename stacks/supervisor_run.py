@@ -1,14 +1,16 @@
 """The job supervisor's building block for running an SSM document on every node.
 
 `run_on_every_node` makes the states that send a document (Preflight or RunTraining) to every
-node, one SendCommand per batch of at most SEND_BATCH nodes inside a Map, follow each command
-to its end (cancelling the rest of a batch once a node has ended, or its instance no longer
-runs, and FailureGraceSeconds have passed), and classify every invocation inside a second Map:
-ok, leg (RunTraining ended at its time limit), replaced (Preflight found a fault no retry fixes:
-the node is marked unhealthy), roll (Preflight found the nodes run different software) or bad,
-each but ok with the cause in words. The last state, <Document>Verdict, sums the classes up in
-$.Verdict; $.Outcome lists the command IDs and the causes. The workflow
-(stacks/supervisor_workflow.py) chooses on $.Verdict.
+node, one SendCommand per batch of at most SEND_BATCH nodes inside a Distributed Map whose
+iterations are standard child executions (each batch's polls and classification fill the
+child's history, not the job's: stacks/supervisor_limits.py), follow each command to its end
+(cancelling the rest of a batch once a node has ended, or its instance no longer runs, and
+FailureGraceSeconds have passed), and classify every invocation inside a second Map: ok, leg
+(RunTraining ended at its time limit), replaced (Preflight found a fault no retry fixes: the
+node is marked unhealthy), roll (Preflight found the nodes run different software) or bad, each
+but ok with the cause in words (the first MAX_CAUSES of a batch, and how many more). The last
+state, <Document>Verdict, sums the classes up in $.Verdict; $.Outcome lists the command IDs and
+the causes. The workflow (stacks/supervisor_workflow.py) chooses on $.Verdict.
 
 A node whose instance dies mid-command never answers again: the invocation on it does not end.
 The SSM documentation promises no terminal status for it. "Undeliverable" is for a command that
@@ -55,13 +57,15 @@ COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "DeliveryTimedOut
 CAUSE_FAILED = "{{}}: {document} failed with status {{}}"
 CAUSE_GONE = "{{}}: node gone (its instance no longer runs); {document} never ended"
 CAUSE_ENDED = "{{}}: {document} ended {{}}"
+#: The causes a batch reports in words; the rest it counts ("and N more nodes of this batch").
+MAX_CAUSES = 5
 
 
 @dataclass(frozen=True)
 class Run:
     """The first and the last state of one document's run on every node."""
 
-    start: sfn.Map
+    start: sfn.DistributedMap
     end: sfn.Pass
 
 
@@ -105,11 +109,13 @@ def run_on_every_node(
                 "Causes": sfn.JsonPath.list_at("$.Classes[*].Cause"),
             },
         )
-    )
-    batches = sfn.Map(
+    ).next(_first_causes(t, document))
+    batches = sfn.DistributedMap(
         t.scope,
         f"{document}Batches",
-        comment=f"{document} on every node: one SendCommand per batch of {SEND_BATCH}.",
+        comment=f"{document} on every node: one SendCommand per batch of {SEND_BATCH}, each "
+        "followed in a child execution of its own.",
+        map_execution_type=sfn.StateMachineType.STANDARD,
         items_path="$.Nodes.Batches",
         item_selector={
             "InstanceIds": sfn.JsonPath.list_at("$$.Map.Item.Value"),
@@ -140,6 +146,33 @@ def run_on_every_node(
     )
     batches.next(verdict)
     return Run(start=batches, end=verdict)
+
+
+def _first_causes(t: SupervisorTasks, document: str) -> sfn.Choice:
+    """<Document>ManyCauses: a batch with more than MAX_CAUSES causes keeps the first
+    MAX_CAUSES and how many more there were (<Document>FirstCauses). Every node of 1,024 gone
+    would otherwise put some 88 KB of causes in the attempt's outcome, and as much again in
+    the message that quotes them, in one state of at most 256 KiB (tests/test_supervisor.py
+    measures it)."""
+    many = sfn.Choice(t.scope, f"{document}ManyCauses")
+    first = ", ".join(f"States.ArrayGetItem($.Causes, {i})" for i in range(MAX_CAUSES))
+    more = (
+        f"States.Format('and {{}} more nodes of this batch', "
+        f"States.MathAdd(States.ArrayLength($.Causes), -{MAX_CAUSES}))"
+    )
+    keep = sfn.Pass(
+        t.scope,
+        f"{document}FirstCauses",
+        parameters={
+            "CommandId": sfn.JsonPath.string_at("$.CommandId"),
+            "Classes": sfn.JsonPath.list_at("$.Classes"),
+            "Causes.$": f"States.Array({first}, {more})",
+        },
+    )
+    many.when(sfn.Condition.is_present(f"$.Causes[{MAX_CAUSES}]"), keep).otherwise(
+        sfn.Succeed(t.scope, f"{document}BatchDone")
+    )
+    return many
 
 
 def _send(

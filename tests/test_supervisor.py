@@ -35,7 +35,13 @@ from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
     EVENTS_PER_NODE_WAIT,
     EVENTS_PER_POLL,
+    HISTORY_EVENTS,
+    LEG_SECONDS,
     MAX_NODE_WAITS,
+    OTHER_EVENTS,
+    job_events,
+    min_poll_seconds,
+    poll_events,
 )
 from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
 from tests.test_rehearsal import (
@@ -68,6 +74,10 @@ SDK_ACTIONS = {
     "arn:aws:states:::aws-sdk:sfn:listExecutions": "states:ListExecutions",
     "arn:aws:states:::aws-sdk:sfn:startExecution": "states:StartExecution",
 }
+#: What a Distributed Map needs for its child executions (aws-cdk-lib's DistributedMap adds
+#: them, with states:StartExecution on the state machine; Step Functions developer guide, IAM
+#: policies for using Distributed Map states).
+CHILD_ACTIONS = {"states:DescribeExecution", "states:StopExecution", "states:RedriveExecution"}
 #: What Step Functions itself needs for execution logs and X-Ray tracing (CDK adds them).
 SERVICE_ACTIONS = {
     "logs:CreateLogDelivery", "logs:DeleteLogDelivery", "logs:DescribeLogGroups",
@@ -129,10 +139,12 @@ def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synt
     assert used == set(SDK_ACTIONS), used ^ set(SDK_ACTIONS)
     machine = only_resource(template, "AWS::StepFunctions::StateMachine")
     role_id = machine["Properties"]["RoleArn"]["Fn::GetAtt"][0]
-    (policy,) = [
-        p["Properties"]["PolicyDocument"]["Statement"]
+    # The role's own policy and aws-cdk-lib's for the Distributed Maps' child executions.
+    policy = [
+        statement
         for p in resources(template, "AWS::IAM::Policy").values()
         if p["Properties"]["Roles"] == [{"Ref": role_id}]
+        for statement in p["Properties"]["PolicyDocument"]["Statement"]
     ]
     allowed: dict[str, list[Any]] = {}
     for statement in policy:
@@ -143,8 +155,9 @@ def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synt
             allowed.setdefault(action, []).append(
                 {"resource": resource, "condition": statement.get("Condition")}
             )
-    # Exactly what the definition calls, plus what logs and tracing need: nothing more.
-    assert set(allowed) == set(SDK_ACTIONS.values()) | SERVICE_ACTIONS
+    # Exactly what the definition calls, plus what logs, tracing and the child executions need:
+    # nothing more.
+    assert set(allowed) == set(SDK_ACTIONS.values()) | SERVICE_ACTIONS | CHILD_ACTIONS
     cluster = default.config.cluster_name
     # SendCommand: the cluster's Preflight and RunTraining documents, on instances carrying
     # the cluster's tag; never on every document.
@@ -163,10 +176,20 @@ def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synt
     )
     (topic,) = allowed["sns:Publish"]
     assert topic["resource"] == {"Ref": next(iter(resources(template, "AWS::SNS::Topic")))}
-    # Listing and starting (the hand-over to a successor): this state machine only.
+    # Listing and starting (the hand-over to a successor, a batch's child execution): this
+    # state machine only; describing, stopping and redriving: its executions only.
+    machine_id = next(iter(resources(template, "AWS::StepFunctions::StateMachine")))
     for action in ("states:ListExecutions", "states:StartExecution"):
+        for executions in allowed[action]:
+            resource = json.dumps(executions["resource"])
+            assert resource.endswith(f':stateMachine:{cluster}-jobs"]]}}') or json.loads(
+                resource
+            ) == {"Ref": machine_id}, resource
+    for action in CHILD_ACTIONS:
         (executions,) = allowed[action]
-        assert json.dumps(executions["resource"]).endswith(f':stateMachine:{cluster}-jobs"]]}}')
+        resource = json.dumps(executions["resource"])
+        assert ':execution:", {"Fn::Select": [6, {"Fn::Split": [":", {"Ref": ' in resource
+        assert machine_id in resource, resource
 
 
 def test_an_execution_that_does_not_succeed_is_announced_outside_the_workflow(
@@ -306,6 +329,17 @@ def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) ->
     definition = machine_definition(template, placeholder_refs(template))
     assert loop_events(definition, "RunTrainingWait") == EVENTS_PER_POLL
     assert loop_events(definition, "PreflightWait") == EVENTS_PER_POLL
+    # The polls are the batches' child executions' own: each batch of 50 is a standard child
+    # execution of a Distributed Map (its own history), and the job's execution writes no event
+    # per node or per poll.
+    found = dict(states(definition))
+    for document in ("Preflight", "RunTraining"):
+        batches = found[f"{document}Batches"]
+        assert batches["ItemProcessor"]["ProcessorConfig"] == {
+            "Mode": "DISTRIBUTED", "ExecutionType": "STANDARD",
+        }  # fmt: skip
+        assert f"{document}Wait" in batches["ItemProcessor"]["States"]
+        assert f"{document}Wait" not in definition["States"]
     assert loop_events(definition, "WaitForNodes") == EVENTS_PER_NODE_WAIT
     (keep,) = [s for n, s in states(definition) if n == "KeepWaiting"]
     assert keep["Choices"] == [
@@ -313,13 +347,30 @@ def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) ->
          "Next": "DescribeLongWait"}
     ]  # fmt: skip
     # Every way to another attempt goes through the hand-over, none back to ReadGroup.
-    found = dict(states(definition))
     assert found["NotifyLeg"]["Next"] == found["WaitBeforeRetry"]["Next"] == "HandOver"
     assert found["DescribeLongWait"]["Next"] == "HandOver"
     into_group = sorted(
         n for n, s in found.items() if "ReadGroup" in (s.get("Next"), s.get("Default"))
     )
     assert into_group == ["KeepWaiting", "NotifyStart", "OneJobAtATime"], into_group
+
+
+def test_one_attempt_of_48_hours_on_1024_nodes_is_polled_every_two_minutes_or_more() -> None:
+    """stacks/supervisor_limits.py: a batch's child execution holds its polls, so the shortest
+    PollSeconds no longer grows with the node count (before: 16 events a poll for every batch
+    and 30 a node in one history: 272 s at 64 nodes, no interval at all at 1,024); the job's
+    execution writes the same few events per attempt at any size."""
+    figures = {n: min_poll_seconds(n) for n in (2, 64, 256, 1024)}
+    assert figures == {2: 113, 64: 117, 256: 117, 1024: 117}, figures
+    assert job_events() < HISTORY_EVENTS / 5
+    # The bound is real: one poll fewer than the minimum allows outgrows a child's history.
+    polls = LEG_SECONDS // (figures[1024] - 1)
+    assert polls * EVENTS_PER_POLL + poll_events_used(1024) > HISTORY_EVENTS
+
+
+def poll_events_used(node_count: int) -> int:
+    """What a batch's child execution writes besides its polls (its largest batch)."""
+    return HISTORY_EVENTS - poll_events(node_count)
 
 
 @pytest.mark.slow
@@ -336,10 +387,23 @@ class Supervisor:
     the Run Command stand-in (scripts/rehearsal/supervisor.py, as the rehearsal
     runs it)."""
 
-    def __init__(self, cloud: Any, arn: str) -> None:
+    def __init__(self, cloud: Any, arn: str, map_runs: list[Any]) -> None:
         self.cloud = cloud
         self.arn = arn
         self.client = cloud.session().client("stepfunctions")
+        #: moto's event managers of the Distributed Maps' runs, in the order they started.
+        self.map_runs = map_runs
+
+    def child_events(self, document: str | None = None) -> list[list[dict[str, Any]]]:
+        """The history events of each Distributed Map run's child executions (one child per
+        batch of 50 nodes: with two nodes, one), in the order the runs started; only the runs
+        of `document` (Preflight or RunTraining) when given."""
+        runs = [list(m.get_event_history()) for m in self.map_runs]
+        return [
+            events
+            for events in runs
+            if document is None or any(_name(e) == f"{document}Send" for e in events)
+        ]
 
     def start(self, job_id: str, **job: Any) -> str:
         arn: str = self.client.start_execution(
@@ -394,11 +458,13 @@ class Supervisor:
             kwargs["nextToken"] = page["nextToken"]
 
     def entered(self, arn: str) -> list[str]:
-        """The states the job's executions entered, in order."""
+        """The states the job's executions entered, in order, and then those their Distributed
+        Maps' child executions entered."""
         return [
             e["stateEnteredEventDetails"]["name"]
-            for execution in self.chain(arn)
-            for e in self.events(execution)
+            for events in [self.events(execution) for execution in self.chain(arn)]
+            + self.child_events()
+            for e in events
             if "stateEnteredEventDetails" in e
         ]
 
@@ -411,25 +477,58 @@ class Supervisor:
         return "\n".join(lines)
 
 
+def _name(event: dict[str, Any]) -> str | None:
+    details = event.get("stateEnteredEventDetails") or event.get("stateExitedEventDetails")
+    return details["name"] if details else None
+
+
+@contextlib.contextmanager
+def map_run_histories() -> Iterator[list[Any]]:
+    """The event managers of the Distributed Map runs moto's interpreter starts while inside.
+    moto runs a map run's child executions with an EventManager of their own and then drops
+    it (moto/stepfunctions/parser/asl/component/state/exec/state_map/iteration/
+    distributed_iteration_component.py): on AWS each child is an execution with a history of
+    its own, listed by its map run. Recording them lets the tests read what the children did."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
+        distributed_iteration_component as distributed,
+    )
+
+    original = distributed.EventManager
+    managers: list[Any] = []
+
+    class Recorded(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            managers.append(self)
+
+    distributed.EventManager = Recorded
+    try:
+        yield managers
+    finally:
+        distributed.EventManager = original
+
+
 @contextlib.contextmanager
 def supervised(tmp_path: Path, default: Synth, **options: Any) -> Iterator[tuple[Any, Supervisor]]:
     """Two stand-in nodes and the default cluster's synthesized state machine."""
     with (
         stand_in(tmp_path, cluster_name=default.config.cluster_name, **options) as cloud,
         local_supervisor(cloud, default.templates["operations"]) as arn,
+        map_run_histories() as map_runs,
     ):
-        yield cloud, Supervisor(cloud, arn)
+        yield cloud, Supervisor(cloud, arn, map_runs)
 
 
 FAST = {"PollSeconds": 1, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
 
 
-def poll_ids(supervisor: Supervisor, execution: str) -> list[int]:
-    """The history event IDs at which the execution entered RunTrainingWait (a poll of the
-    running command)."""
+def poll_ids(supervisor: Supervisor) -> list[int]:
+    """The history event IDs at which the first RunTraining batch's child execution entered
+    RunTrainingWait (a poll of the running command)."""
+    runs = supervisor.child_events("RunTraining")
     return [
         e["id"]
-        for e in supervisor.events(execution)
+        for e in (runs[0] if runs else [])
         if e.get("stateEnteredEventDetails", {}).get("name") == "RunTrainingWait"
     ]
 
@@ -531,7 +630,7 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=0, **FAST)
         held(tmp_path, job, 60, 400, lambda: supervisor.trace(execution))
         deadline = time.monotonic() + 300
-        while len(poll_ids(supervisor, execution)) <= 20:
+        while len(poll_ids(supervisor)) <= 20:
             assert time.monotonic() < deadline, supervisor.trace(execution)
             time.sleep(0.2)
         end_legs(job, nodes=2)
@@ -557,14 +656,18 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         assert "after 0 retries and 2 legs" in cloud.notifications[-1]["Message"]
         assert gone(job), "a process of the job outlived it"
         # One execution per leg; a poll of a running command costs EVENTS_PER_POLL events of
-        # its history (the arithmetic of stacks/supervisor_limits.py), counted here.
+        # the batch's child execution's history (the arithmetic of stacks/supervisor_limits.py),
+        # counted here, and none of the job's execution's.
         chain = supervisor.chain(execution)
         assert len(chain) == 2, chain
-        polls = poll_ids(supervisor, chain[0])
+        polls = poll_ids(supervisor)
         gaps = Counter(b - a for a, b in itertools.pairwise(polls))
         assert len(polls) > 20 and gaps.most_common(1)[0][0] == EVENTS_PER_POLL, gaps
+        parent = supervisor.events(chain[0])
+        assert not [e for e in parent if _name(e) == "RunTrainingWait"]
+        assert len(parent) < OTHER_EVENTS, len(parent)
         # Classifying each node's RunTraining invocation: its share of EVENTS_PER_NODE.
-        events = supervisor.events(chain[0])
+        events = supervisor.child_events("RunTraining")[0]
         ids = {
             (e["type"], e.get(f"{d}EventDetails", {}).get("name")): e["id"]
             for e in events
@@ -578,7 +681,9 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         per_node = (span - 3) / len(legs[0].invocations)  # Map started/succeeded, exited
         # Success: the iteration, Classify and Ok (6); 75: also Plugin, ByCode and Leg (10).
         assert 6 <= per_node <= 10, (span, per_node)
-        assert EVENTS_PER_NODE >= 4 + 10 + 15  # host list, RunTraining, Preflight (unhealthy)
+        # A batch's child execution classifies one document's invocations: at most 15 events
+        # a node (Preflight's, marking a node unhealthy); the host list costs none.
+        assert EVENTS_PER_NODE >= 15
 
 
 @pytest.mark.slow
@@ -689,9 +794,10 @@ def test_a_node_that_dies_mid_job_is_replaced_and_the_job_resumes_from_its_check
 
 #: A state's input and output may hold at most 262,144 bytes (Step Functions quotas, "Maximum
 #: input or output size for a task, state, or execution"); the supervisor keeps each under a
-#: quarter of it at 1,024 nodes.
+#: third of it at 1,024 nodes (measured: 45,459 bytes at most up to the first command, 68,752
+#: after every node failed).
 PAYLOAD_LIMIT = 262_144
-PAYLOAD_SHARE = 0.25
+PAYLOAD_SHARE = 1 / 3
 
 
 def run_states(
@@ -705,7 +811,8 @@ def run_states(
     chain, name = {}, start
     while True:
         state = dict(found[name])
-        following = state.pop("Next")
+        following = state.pop("Next", None)
+        state.pop("End", None)
         chain[name] = {**state, "End": True} if name == last else {**state, "Next": following}
         if name == last:
             break
@@ -797,4 +904,79 @@ def test_the_host_list_is_one_state_and_its_payloads_fit_at_1024_nodes(default: 
         ).encode()
     )  # fmt: skip
     print(f"\nlargest state outputs at {count} nodes (bytes): {sizes}")
+    assert max(sizes.values()) < PAYLOAD_SHARE * PAYLOAD_LIMIT, sizes
+
+
+def test_the_outcome_of_1024_nodes_that_all_failed_fits_in_a_state(default: Synth) -> None:
+    """The worst outcome at 1,024 nodes: every node gone, each with the longest cause. Run in
+    moto's interpreter with the definition's own states: a batch's child keeps the first
+    MAX_CAUSES causes and counts the rest (RunTrainingFirstCauses), the Distributed Map's
+    ResultSelector gathers 21 batches into $.Outcome, and the verdict, the retry's count and
+    its description (which quotes the causes, as its notification does) follow; every state
+    stays under PAYLOAD_SHARE of the payload quota. Without the cap the causes alone were
+    about 88 KB, twice over once quoted."""
+    from stacks.supervisor_run import CAUSE_GONE, MAX_CAUSES
+
+    template = default.templates["operations"]
+    definition = machine_definition(template, placeholder_refs(template))
+    found = dict(states(definition))
+    many = found["RunTrainingManyCauses"]
+    assert many["Choices"] == [
+        {"Variable": f"$.Causes[{MAX_CAUSES}]", "IsPresent": True,
+         "Next": "RunTrainingFirstCauses"}
+    ]  # fmt: skip
+    assert found["RunTrainingBatchResult"]["Next"] == "RunTrainingManyCauses"
+
+    count, template_gone = 1024, CAUSE_GONE.format(document="RunTraining")
+    ids = [f"i-{n:017x}" for n in range(count)]
+    batches = [ids[i : i + 50] for i in range(0, count, 50)]
+    results = []
+    for number, batch in enumerate(batches):
+        child = {
+            "Command": {"CommandId": f"{number:08d}-0000-4000-8000-000000000000"},
+            "Classes": [{"Class": "bad", "Cause": template_gone.replace("{}", i)} for i in batch],
+        }
+        out = run_states(found, "RunTrainingBatchResult", "RunTrainingBatchResult", child)
+        result = json.loads(out["RunTrainingBatchResult"])
+        out = run_states(found, "RunTrainingFirstCauses", "RunTrainingFirstCauses", result)
+        results.append(json.loads(out["RunTrainingFirstCauses"]))
+    assert results[0]["Causes"][:MAX_CAUSES] == [
+        template_gone.replace("{}", i) for i in batches[0][:MAX_CAUSES]
+    ]
+    assert results[0]["Causes"][MAX_CAUSES:] == ["and 45 more nodes of this batch"]
+    assert results[-1]["Causes"][-1] == "and 19 more nodes of this batch"
+
+    # The Distributed Map's ResultSelector over its 21 results, as a Pass (the same
+    # Parameters, on the list of results), then the states after a failed attempt.
+    batches_state = found["RunTrainingBatches"]
+    gather = {
+        "Type": "Pass",
+        "InputPath": "$.Results",
+        "Parameters": batches_state["ResultSelector"],
+        "ResultPath": batches_state["ResultPath"],
+        "End": True,
+    }
+    attempt = {
+        "Job": {**JOB_DEFAULTS, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
+        "Counters": {"Retries": 0, "Legs": 1, "Attempts": 1},
+        "ContinuedFrom": "",
+        "Nodes": {
+            "Hosts": ",".join(["100.100.100.100"] * count),
+            "Batches": batches,
+            "Since": "2026-11-24T16:00:00Z",
+        },
+    }
+    out = run_states({"Gather": gather}, "Gather", "Gather", {**attempt, "Results": results})
+    state = json.loads(out["Gather"])
+    del state["Results"]
+    sizes = {"RunTrainingBatches": len(json.dumps(state).encode())}
+    assert len(state["Outcome"]["Classes"]) == count and len(state["Outcome"]["Causes"]) == 21
+    for first, last in (("RunTrainingVerdict", "RunTrainingVerdict"),
+                        ("CountRetry", "DescribeRetry")):  # fmt: skip
+        out = run_states(found, first, last, state)
+        sizes.update((name, len(output.encode())) for name, output in out.items())
+        state = json.loads(out[last])
+    assert state["Verdict"]["Bad"] is True
+    assert "and 45 more nodes of this batch" in state["Why"]["Text"]
+    print(f"\nlargest state outputs after 1,024 nodes failed (bytes): {sizes}")
     assert max(sizes.values()) < PAYLOAD_SHARE * PAYLOAD_LIMIT, sizes
