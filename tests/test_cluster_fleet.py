@@ -181,15 +181,16 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
 
 @pytest.mark.parametrize(
     ("nodes", "requested", "expected"),
-    [("2", None, 300), ("2", 125, 125), ("64", None, 300), ("300", None, 1248)],
+    [("2", None, 300), ("2", 113, 113), ("64", 117, 117), ("1024", None, 300)],
 )
 def test_the_check_interval_fits_one_attempt_in_an_execution_history(
     aws: FakeAws, nodes: str, requested: int | None, expected: int
 ) -> None:
     """A 48-hour attempt polled every PollSeconds by each batch of 50 nodes, 16 events a poll
-    (the poll reads the command and checks that the batch's instances still run), stays within
-    what the rest of the attempt leaves of the 25,000 events a standard execution keeps (Step
-    Functions quotas): 125 s on 2 nodes, 1248 s at 300."""
+    (the poll reads the command and checks that the batch's instances still run) in the batch's
+    own child execution, stays within what the rest of the batch leaves of the 25,000 events a
+    standard execution keeps (Step Functions quotas): 113 s on 2 nodes, 117 s from 50 nodes up,
+    1,024 included."""
     from scripts.cluster_lib.jobs import Jobs
 
     aws.stack({**OUTPUTS, "NodeCount": nodes})
@@ -201,11 +202,11 @@ def test_a_check_interval_too_short_for_the_history_is_refused_in_one_line(aws: 
 
     aws.stack({**OUTPUTS, "NodeCount": "64"})
     with pytest.raises(ClusterError) as raised:
-        Jobs(aws.cluster()).poll_seconds(120)
+        Jobs(aws.cluster()).poll_seconds(100)
     assert str(raised.value) == (
-        "--check-every 120 is too short for 64 nodes: an attempt of up to 48 hours checked "
+        "--check-every 100 is too short for 64 nodes: an attempt of up to 48 hours checked "
         "that often would outgrow the 25,000 history events a supervisor execution keeps; use "
-        "at least 272"
+        "at least 117"
     )
 
 
