@@ -208,7 +208,8 @@ class JobSupervisor(Construct):
             "AwsSolutions-IAM5[Resource::*]",
             "Resource * only for actions that have no resource-level permissions (Service "
             "Authorization Reference): ssm:ListCommands, ssm:ListCommandInvocations, "
-            "ssm:CancelCommand, ec2:DescribeInstances, autoscaling:DescribeAutoScalingGroups, "
+            "ssm:CancelCommand, ec2:DescribeNetworkInterfaces, "
+            "autoscaling:DescribeAutoScalingGroups, autoscaling:DescribeAutoScalingInstances, "
             "and the X-Ray and CloudWatch Logs delivery actions Step Functions needs for "
             "tracing and execution logs.",
         )

@@ -42,9 +42,9 @@ CHILD_OTHER_EVENTS = 500
 #: check, notifications and the hand-over.
 OTHER_EVENTS = 1_000
 #: One poll, in a batch's child execution: Wait (entered, exited), two Tasks (entered,
-#: scheduled, started, succeeded, exited: ListCommands, and DescribeInstances for the batch's
-#: nodes that still run), a Pass that counts them and the Choice (entered, exited each).
-#: tests/test_supervisor.py counts them in a child's history.
+#: scheduled, started, succeeded, exited: ListCommands, and DescribeAutoScalingInstances for
+#: the batch's nodes still in service), a Pass that counts them and the Choice (entered,
+#: exited each). tests/test_supervisor.py counts them in a child's history.
 EVENTS_PER_POLL = 16
 #: One poll for a full set of nodes, in the job's execution: Wait 2, the ReadGroup Task 5, five
 #: Pass or Choice states 2 each (tests/test_supervisor.py adds them up along the definition's

@@ -23,13 +23,17 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 
 from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
+from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.instances import Instance
 from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import local_supervisor
+from stacks.config import MAX_NODES
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
@@ -39,6 +43,7 @@ from stacks.supervisor_limits import (
     LEG_SECONDS,
     MAX_NODE_WAITS,
     OTHER_EVENTS,
+    SEND_BATCH,
     job_events,
     min_poll_seconds,
     poll_events,
@@ -69,7 +74,10 @@ SDK_ACTIONS = {
         "autoscaling:DescribeAutoScalingGroups"
     ),
     "arn:aws:states:::aws-sdk:autoscaling:setInstanceHealth": "autoscaling:SetInstanceHealth",
-    "arn:aws:states:::aws-sdk:ec2:describeInstances": "ec2:DescribeInstances",
+    "arn:aws:states:::aws-sdk:autoscaling:describeAutoScalingInstances": (
+        "autoscaling:DescribeAutoScalingInstances"
+    ),
+    "arn:aws:states:::aws-sdk:ec2:describeNetworkInterfaces": "ec2:DescribeNetworkInterfaces",
     "arn:aws:states:::aws-sdk:sns:publish": "sns:Publish",
     "arn:aws:states:::aws-sdk:sfn:listExecutions": "states:ListExecutions",
     "arn:aws:states:::aws-sdk:sfn:startExecution": "states:StartExecution",
@@ -319,6 +327,56 @@ def loop_events(definition: dict[str, Any], start: str) -> int:
         name = state.get("Next") or state["Default"]
         if name == start:
             return total
+
+
+class _Nodes:
+    """The stand-in's instances, without starting any: `count` nodes at 10.0.x.y."""
+
+    def __init__(self, count: int) -> None:
+        self.instances = [
+            Instance(slot, f"i-{slot:017x}", f"10.0.{slot // 250}.{slot % 250 + 4}", Path("/"))
+            for slot in range(count)
+        ]
+
+    def running(self) -> list[Instance]:
+        return self.instances
+
+
+def _raw_answer(nodes: int, instance_type: str, service: str, params: dict[str, Any]) -> int:
+    """The bytes of the stand-in's answer to one call the supervisor makes, as compact JSON
+    (what a task's result is measured in), on `nodes` nodes of `instance_type`."""
+    cloud = object.__new__(LocalCloud)
+    cloud.cluster_name, cloud.instances = "trainium", _Nodes(nodes)  # type: ignore[assignment]
+    with patch("scripts.rehearsal.aws_stand_in.INSTANCE_TYPE", instance_type):
+        answer = getattr(cloud, f"_{service}")(params)
+    return len(json.dumps(answer, default=str, separators=(",", ":")).encode())
+
+
+@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn2.48xlarge"])
+def test_the_answers_the_supervisor_reads_about_nodes_fit_a_task_result(instance_type: str) -> None:
+    """A task's result is at most 262,144 bytes before its ResultSelector runs (Step Functions
+    API reference, TaskSucceededEventDetails.output). DescribeInstances lists every network
+    interface of every node (8 on a trn1.32xlarge, 16 on a trn2.48xlarge): on the 64 nodes a
+    cluster may have, and on a batch of 50, it is past that, so the supervisor reads the
+    addresses from the nodes' primary interfaces (DescribeNetworkInterfaces, device index 0)
+    and which nodes still run from Auto Scaling (DescribeAutoScalingInstances, a batch of 50);
+    both stay below a third of the limit. The stand-in answers with EC2's fields at their real
+    lengths (scripts/rehearsal/ec2_shapes.py)."""
+    limit, nodes = 262_144, MAX_NODES
+    ids = [f"i-{slot:017x}" for slot in range(nodes)]
+    everything = _raw_answer(nodes, instance_type, "ec2_DescribeInstances", {"InstanceIds": ids})
+    batch = _raw_answer(SEND_BATCH, instance_type, "ec2_DescribeInstances", {"InstanceIds": ids})
+    assert everything > limit and batch > limit, (everything, batch)
+    addresses = _raw_answer(nodes, instance_type, "ec2_DescribeNetworkInterfaces", {"Filters": [
+        {"Name": "attachment.instance-id", "Values": ids},
+        {"Name": "attachment.device-index", "Values": ["0"]},
+    ]})  # fmt: skip
+    alive = _raw_answer(nodes, instance_type, "autoscaling_DescribeAutoScalingInstances",
+                        {"InstanceIds": ids[:SEND_BATCH], "MaxRecords": SEND_BATCH})  # fmt: skip
+    assert addresses < limit / 3 and alive < limit / 3, (addresses, alive)
+    print(f"{instance_type}: DescribeInstances {everything} bytes on {nodes} nodes, {batch} on "
+          f"{SEND_BATCH}; DescribeNetworkInterfaces {addresses}; DescribeAutoScalingInstances "
+          f"{alive} on {SEND_BATCH}")  # fmt: skip
 
 
 def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) -> None:

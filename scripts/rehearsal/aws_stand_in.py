@@ -36,6 +36,7 @@ from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.clients import Clients
 from scripts.cluster_lib.documents import DOCUMENT_NAMES, load
 from scripts.cluster_lib.outputs import EXPORT_OUTPUTS, REQUIRED_OUTPUTS
+from scripts.rehearsal import ec2_shapes
 from scripts.rehearsal.hosts import NetnsHosts
 from scripts.rehearsal.instances import (
     IMAGE_ID,
@@ -48,6 +49,7 @@ from scripts.rehearsal.instances import (
 )
 from scripts.rehearsal.logs_stand_in import LogsStandIn
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
+from stacks.instance_types import INSTANCE_TYPES
 
 #: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
 #: moto's, with its ASL interpreter (supervisor.py).
@@ -59,6 +61,11 @@ LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"
 
 #: The DescribeInstances filters the stand-in answers (besides tag:<key>).
 KNOWN_INSTANCE_FILTERS = frozenset({"instance-id", "instance-state-name"})
+#: The DescribeNetworkInterfaces filters it answers.
+KNOWN_INTERFACE_FILTERS = frozenset({"attachment.instance-id", "attachment.device-index"})
+#: DescribeAutoScalingInstances: at most 50 InstanceIds and MaxRecords (Auto Scaling API
+#: reference); an ID that does not exist "is ignored with no error".
+AUTO_SCALING_INSTANCES_MAX = 50
 
 
 class LocalCloud:
@@ -210,23 +217,46 @@ class LocalCloud:
         }
 
     # ------------------------------------------------------------------- EC2
-    def _ec2_DescribeInstances(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _tags(self) -> dict[str, str]:
+        return {
+            TAG_KEY: self.cluster_name,
+            ROLE_TAG: "worker",
+            LAUNCH_TEMPLATE_VERSION_TAG: "1",
+            "aws:autoscaling:groupName": self.group_name,
+        }
+
+    def _interfaces(self, instance: Instance) -> list[dict[str, Any]]:
+        """Every network interface of the node, one per network card, as EC2 lists them."""
+        cards = max(1, INSTANCE_TYPES[INSTANCE_TYPE].efa_interfaces)
+        return [
+            ec2_shapes.network_interface(
+                instance.instance_id,
+                instance.address,
+                card,
+                zone=ZONE,
+                region=REGION,
+                launched=instance.launched,
+            )
+            for card in range(cards)
+        ]
+
+    @staticmethod
+    def _filters(params: dict[str, Any], known: frozenset[str]) -> dict[str, set[str]]:
+        """The call's filters; EC2 refuses a filter it does not know rather than ignoring it,
+        and so does the stand-in for a filter it does not implement (EC2 API reference,
+        Filter.N), instead of matching everything."""
         filters = {f["Name"]: set(f["Values"]) for f in params.get("Filters", [])}
         for name in filters:
-            # EC2 refuses a filter it does not know rather than ignoring it; this stand-in
-            # answers only the filters it implements (EC2 API reference, DescribeInstances,
-            # Filter.N), so an unknown one fails here instead of matching every instance.
-            if name not in KNOWN_INSTANCE_FILTERS and not name.startswith("tag:"):
+            if name not in known and not name.startswith("tag:"):
                 raise LocalError("InvalidParameterValue", f"The filter '{name}' is invalid")
+        return filters
+
+    def _ec2_DescribeInstances(self, params: dict[str, Any]) -> dict[str, Any]:
+        filters = self._filters(params, KNOWN_INSTANCE_FILTERS)
         wanted_ids = set(params.get("InstanceIds", []))
+        tags = self._tags()
         found = []
         for instance in self.instances.instances:
-            tags = {
-                TAG_KEY: self.cluster_name,
-                ROLE_TAG: "worker",
-                LAUNCH_TEMPLATE_VERSION_TAG: "1",
-                "aws:autoscaling:groupName": self.group_name,
-            }
             state = instance.state
             if wanted_ids and instance.instance_id not in wanted_ids:
                 continue
@@ -240,18 +270,36 @@ class LocalCloud:
             ):
                 continue
             found.append(
-                {
-                    "InstanceId": instance.instance_id,
-                    "InstanceType": INSTANCE_TYPE,
-                    "ImageId": IMAGE_ID,
-                    "PrivateIpAddress": instance.address,
-                    "Placement": {"AvailabilityZone": ZONE},
-                    "State": {"Name": state},
-                    "LaunchTime": instance.launched,
-                    "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
-                }
+                ec2_shapes.instance(
+                    instance_id=instance.instance_id,
+                    instance_type=INSTANCE_TYPE,
+                    image_id=IMAGE_ID,
+                    state=state,
+                    zone=ZONE,
+                    region=REGION,
+                    launched=instance.launched,
+                    interfaces=self._interfaces(instance),
+                    tags=tags,
+                )
             )
         return {"Reservations": [{"Instances": found}] if found else []}
+
+    def _ec2_DescribeNetworkInterfaces(self, params: dict[str, Any]) -> dict[str, Any]:
+        filters = self._filters(params, KNOWN_INTERFACE_FILTERS)
+        found = []
+        for instance in self.running():
+            if "attachment.instance-id" in filters and (
+                instance.instance_id not in filters["attachment.instance-id"]
+            ):
+                continue
+            for interface in self._interfaces(instance):
+                index = str(interface["Attachment"]["DeviceIndex"])
+                if "attachment.device-index" in filters and (
+                    index not in filters["attachment.device-index"]
+                ):
+                    continue
+                found.append(interface)
+        return {"NetworkInterfaces": found}
 
     # ---------------------------------------------------------- Auto Scaling
     def _autoscaling_DescribeAutoScalingGroups(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -286,6 +334,30 @@ class LocalCloud:
                 }
             ]
         }
+
+    def _autoscaling_DescribeAutoScalingInstances(self, params: dict[str, Any]) -> dict[str, Any]:
+        ids = params.get("InstanceIds") or [i.instance_id for i in self.running()]
+        limit = int(params.get("MaxRecords", AUTO_SCALING_INSTANCES_MAX))
+        if len(params.get("InstanceIds") or []) > AUTO_SCALING_INSTANCES_MAX or not (
+            1 <= limit <= AUTO_SCALING_INSTANCES_MAX
+        ):
+            raise LocalError("ValidationError", "at most 50 InstanceIds and MaxRecords")
+        template = {"LaunchTemplateName": f"{self.cluster_name}-node", "Version": "1"}
+        found = [
+            {
+                "InstanceId": i.instance_id,
+                "InstanceType": INSTANCE_TYPE,
+                "AutoScalingGroupName": self.group_name,
+                "AvailabilityZone": ZONE,
+                "LifecycleState": "InService",
+                "HealthStatus": "HEALTHY" if i.health == "Healthy" else "UNHEALTHY",
+                "LaunchTemplate": template,
+                "ProtectedFromScaleIn": False,
+            }
+            for i in self.running()
+            if i.instance_id in ids
+        ]
+        return {"AutoScalingInstances": found[:limit]}
 
     def _autoscaling_DescribeInstanceRefreshes(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"InstanceRefreshes": []}
