@@ -51,7 +51,7 @@ __all__ = ["default", "sample_data", "short_legs"]  # fixtures shared here
 #: How long the rehearsal makes the checkpoint save take: longer than the 30 s torch 2.9's
 #: torchrun gives its workers between SIGTERM and SIGKILL (elastic/multiprocessing/api.py,
 #: SubprocessContext._close(timeout=30)), shorter than StopTraining's 120 s grace.
-SLOW_SAVE_SECONDS = 40
+SLOW_SAVE_SECONDS = 35
 
 #: A rehearsal device, NOT part of the workload: on the nodes' PYTHONPATH (the rehearsal's
 #: node settings put it there), this sitecustomize wraps workload.checkpoint.save_checkpoint

@@ -389,11 +389,11 @@ def test_a_leg_ends_itself_before_the_time_limit_with_a_checkpoint(node: FakeNod
 # torch 2.9's torchrun SIGKILLs its workers 30 s after it passes them a SIGTERM
 # (torch/distributed/elastic/multiprocessing/api.py, SubprocessContext._close(timeout=30)):
 # a save longer than that survives a stop only if the workers get the signal, not torchrun.
-LONG_SAVE_SECONDS = 40
+LONG_SAVE_SECONDS = 35
 
 
 def start_job(node: FakeNode, job: str, **extra: str) -> subprocess.Popen[str]:
-    """launch.sh with the real torchrun and two workers whose save takes 40 s, returned once
+    """launch.sh with the real torchrun and two workers whose save takes 35 s, returned once
     both workers run."""
     env = {**real_torchrun(node), "WORKER_SAVE_SECONDS": str(LONG_SAVE_SECONDS), **extra}
     launch = subprocess.Popen(
