@@ -33,7 +33,15 @@ CLUSTER_TAG_KEY = "trainium-cluster:name"
 ROLE_TAG_KEY = "trainium-cluster:role"
 WORKER_ROLE = "worker"
 
-MAX_NODES = 64  # the most instances one Capacity Block holds
+#: The largest cluster: 32,768 NeuronCores of trn1.32xlarge, one Auto Scaling group in one
+#: placement group. Every per-node and per-rank resource of the launch path is sized for it:
+#: the supervisor's payloads and history (stacks/supervisor_limits.py), the group read in
+#: pages and batches (stacks/supervisor_group.py), the host list (16,383 characters, the
+#: RunTraining document's Hosts), the open-file limit of the scripts (scripts/node/lib.sh).
+MAX_NODES = 1024
+#: The most instances one EC2 Capacity Block holds ("Capacity Blocks ... in cluster sizes of
+#: one to 64 instances", Amazon EC2 user guide, Capacity Blocks for ML).
+CAPACITY_BLOCK_MAX_NODES = 64
 FSX_MIN_GIB = 1200  # PERSISTENT_2 SSD: 1200 GiB, then steps of 2400 GiB
 FSX_STEP_GIB = 2400
 FSX_MAX_GIB = 2400 * 200  # a guard against typos (480 TiB), well above any default quota
@@ -216,6 +224,13 @@ class ClusterConfig:
             raise ConfigError(
                 "capacity_block=true is not allowed without a reservation; allowed: "
                 "capacity_block=true together with capacity_reservation_id=<the block's cr- ID>"
+            )
+        if self.capacity_block and self.node_count > CAPACITY_BLOCK_MAX_NODES:
+            raise ConfigError(
+                f"node_count={self.node_count} is not allowed with capacity_block=true: a "
+                f"Capacity Block holds at most {CAPACITY_BLOCK_MAX_NODES} instances; allowed: "
+                f"node_count 1 to {CAPACITY_BLOCK_MAX_NODES} with capacity_block=true, or up to "
+                f"{MAX_NODES} On-Demand or in a capacity reservation (capacity_block=false)"
             )
         self._check_capacity(az_id_given)
         self._require(self.internet_egress in INTERNET_EGRESS_CHOICES, "internet_egress")

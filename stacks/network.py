@@ -21,7 +21,11 @@ from stacks.log_groups import allow_cloudwatch_logs, retention
 from stacks.nag import acknowledge
 
 VPC_CIDR = "10.0.0.0/16"
-#: /20 holds 4,091 addresses: 64 nodes x 16 EFA interfaces, plus FSx and the endpoints.
+#: /20 holds 4,091 addresses (AWS keeps 5 of a subnet's 4,096). A node takes one: its primary
+#: interface; the interfaces on its other network cards are efa-only, with no address
+#: (stacks/compute.py, network_interfaces). 1,024 nodes, as many replacements launching while
+#: the nodes they replace still hold theirs, FSx for Lustre's interfaces and the endpoints fit
+#: (tests/test_stacks_network.py).
 CLUSTER_SUBNET_MASK = 20
 PUBLIC_SUBNET_MASK = 24
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))

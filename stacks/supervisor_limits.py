@@ -13,8 +13,9 @@ execution history from that of the parent workflow", Step Functions developer gu
 reaching the history quota; the parent's history records the map run's start and end).
 
 So the job's execution writes what the attempt writes around its commands (OTHER_EVENTS) and
-its polls for nodes (MAX_NODE_WAITS of EVENTS_PER_NODE_WAIT), whatever the node count and
-however often the commands are polled; no event per node (the host list is one state) and none
+its polls for nodes (MAX_NODE_WAITS of node_wait_events: a page of the group's instance IDs
+more for every TAG_PAGE of them), however often the commands are polled; no event per node
+(the group is read batch by batch in child executions, the host list is one state) and none
 per poll. A batch's child execution sends the command, polls it once per PollSeconds for up to
 LEG_SECONDS (EVENTS_PER_POLL each), and classifies its invocations (at most EVENTS_PER_NODE a
 node) with CHILD_OTHER_EVENTS around them: min_poll_seconds is what that child's history
@@ -46,11 +47,21 @@ OTHER_EVENTS = 1_000
 #: the batch's nodes still in service), a Pass that counts them and the Choice (entered,
 #: exited each). tests/test_supervisor.py counts them in a child's history.
 EVENTS_PER_POLL = 16
-#: One poll for a full set of nodes, in the job's execution: Wait 2, the ReadGroup Task 5, five
-#: Pass or Choice states 2 each (tests/test_supervisor.py adds them up along the definition's
-#: loop). After MAX_NODE_WAITS of them the execution hands the job over (at PollSeconds 300,
-#: 8 hours).
-EVENTS_PER_NODE_WAIT = 17
+#: One poll for a full set of nodes, in the job's execution, when the group's instance IDs fit
+#: one page: Wait 2, the ReadGroup Task 5, the ReadNodes Distributed Map 4 (entered, map run
+#: started and succeeded, exited: its batches are child executions of their own), six Pass or
+#: Choice states 2 each (tests/test_supervisor.py adds them up along the definition's loop).
+#: After MAX_NODE_WAITS of them the execution hands the job over (at PollSeconds 300, 8 hours).
+EVENTS_PER_NODE_WAIT = 23
+#: Each further page of IDs: the ReadGroupPage Task 5 and three Pass or Choice states 2 each.
+EVENTS_PER_TAG_PAGE = 11
+#: The group's instances a DescribeTags page holds (stacks/supervisor_group.py: 500 entries are
+#: about 83 KB, a third of a task's result; EC2 allows 5 to 1000).
+TAG_PAGE = 500
+#: A terminated instance keeps its tags while EC2 still lists it, about an hour ("Terminated
+#: instances remain visible ... for approximately one hour", Amazon EC2 user guide,
+#: Terminate Amazon EC2 instances): the arithmetic allows one terminated instance per node.
+TAGGED_PER_NODE = 2
 MAX_NODE_WAITS = 100
 #: The longest a RunTraining command runs (its ExecutionTimeout: at most 172800 seconds, the
 #: aws:runShellScript limit).
@@ -65,9 +76,19 @@ def batches(node_count: int) -> int:
     return math.ceil(node_count / SEND_BATCH)
 
 
-def job_events() -> int:
-    """The most one attempt writes in the job's execution, on any number of nodes."""
-    return OTHER_EVENTS + MAX_NODE_WAITS * EVENTS_PER_NODE_WAIT
+def tag_pages(node_count: int) -> int:
+    """The DescribeTags pages one read of the group takes, terminated instances included."""
+    return math.ceil(TAGGED_PER_NODE * node_count / TAG_PAGE)
+
+
+def node_wait_events(node_count: int) -> int:
+    """The events one poll for a full set of `node_count` nodes writes in the job's execution."""
+    return EVENTS_PER_NODE_WAIT + EVENTS_PER_TAG_PAGE * (tag_pages(node_count) - 1)
+
+
+def job_events(node_count: int) -> int:
+    """The most one attempt on `node_count` nodes writes in the job's execution."""
+    return OTHER_EVENTS + MAX_NODE_WAITS * node_wait_events(node_count)
 
 
 def poll_events(node_count: int) -> int:

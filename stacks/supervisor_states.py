@@ -17,6 +17,7 @@ from typing import Any
 
 from aws_cdk import aws_stepfunctions as sfn
 
+from stacks.supervisor_group import read_batches, read_tags
 from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, SEND_BATCH
 from stacks.supervisor_outcomes import OutcomeStates
 from stacks.supervisor_run import Run, from_job, run_on_every_node
@@ -139,38 +140,54 @@ class SupervisorStates(OutcomeStates):
         )
 
     # Waiting for a full set of nodes -------------------------------------------------------------
+    # The group is read in narrow steps that fit a task's result at 1,024 nodes
+    # (stacks/supervisor_group.py): its instance IDs from their tags, page by page, then per
+    # batch of 50 which are InService and HEALTHY, and their addresses.
     @cached_property
     def read_group(self) -> sfn.TaskStateBase:
-        """$.Group.InService: the group's InService nodes. InService means the node's bootstrap
-        completed the launch lifecycle hook (contract C2)."""
-        return self.t.sdk(
-            "ReadGroup",
-            "autoscaling",
-            "describeAutoScalingGroups",
-            {"AutoScalingGroupNames": [self.t.config.auto_scaling_group_name]},
-            ["*"],
-            iam_action="autoscaling:DescribeAutoScalingGroups",
-            result_selector={
-                "InService.$": (
-                    "$.AutoScalingGroups[0].Instances[?(@.LifecycleState == 'InService')]"
-                )
-            },
-            result_path="$.Group",
-        )
+        """$.Group: the first page of the group's instance IDs, and the token of the next."""
+        return read_tags(self.t, "ReadGroup", next_token=False)
 
-    #: Healthy: nothing asked the group to replace the node.
-    select_healthy = pass_state(
-        "SelectHealthy",
+    more_of_group = choice("MoreOfGroup")
+
+    @cached_property
+    def read_group_page(self) -> sfn.TaskStateBase:
+        """$.Page: the next page of IDs."""
+        return read_tags(self.t, "ReadGroupPage", next_token=True)
+
+    #: The IDs so far and the page's, as a list of the two lists; JoinGroupPage flattens it
+    #: (ASL has no intrinsic that joins arrays).
+    add_group_page = pass_state(
+        "AddGroupPage",
         "$.Group",
-        {"Ids.$": "$.Group.InService[?(@.HealthStatus == 'Healthy')].InstanceId"},
+        {"Ids.$": "States.Array($.Group.Ids, $.Page.Ids)", "Next.$": "$.Page.Next"},
     )
+
+    join_group_page = pass_state(
+        "JoinGroupPage", "$.Group", {"Ids.$": "$.Group.Ids[*][*]", "Next.$": "$.Group.Next"}
+    )
+
+    partition_group = pass_state(
+        "PartitionGroup",
+        "$.Group",
+        {"Batches.$": f"States.ArrayPartition($.Group.Ids, {SEND_BATCH})"},
+    )
+
+    @cached_property
+    def read_nodes(self) -> sfn.DistributedMap:
+        """$.Group: the IDs and addresses of the nodes that are InService and HEALTHY."""
+        return read_batches(self.t)
 
     @cached_property
     def count_nodes(self) -> sfn.Pass:
         ids = sfn.JsonPath.list_at("$.Group.Ids")
         return self._pass(
             "CountNodes",
-            parameters={"Ids": ids, "Count": sfn.JsonPath.array_length(ids)},
+            parameters={
+                "Ids": ids,
+                "Addresses": sfn.JsonPath.list_at("$.Group.Addresses"),
+                "Count": sfn.JsonPath.array_length(ids),
+            },
             result_path="$.Group",
         )
 
@@ -183,37 +200,6 @@ class SupervisorStates(OutcomeStates):
     )
 
     keep_waiting = choice("KeepWaiting")
-
-    @cached_property
-    def read_addresses(self) -> sfn.TaskStateBase:
-        """$.Group: the nodes' instance IDs and private addresses, in place of the group's."""
-        # The nodes' primary interfaces (network card 0, device index 0: stacks/compute.py's
-        # launch template), about 1.2 KB each (75 KB on 64 nodes); DescribeInstances would list
-        # all 8 or 16 interfaces of every node, past a task's 256 KiB result (Step Functions API
-        # reference, TaskSucceededEventDetails.output) from 27 trn1.32xlarge or 16 trn2.48xlarge
-        # nodes (tests/test_supervisor.py measures the raw answers).
-        interfaces = "$.NetworkInterfaces[*]"
-        return self.t.sdk(
-            "ReadAddresses",
-            "ec2",
-            "describeNetworkInterfaces",
-            {
-                "Filters": [
-                    {
-                        "Name": "attachment.instance-id",
-                        "Values": sfn.JsonPath.list_at("$.Group.Ids"),
-                    },
-                    {"Name": "attachment.device-index", "Values": ["0"]},
-                ]
-            },
-            ["*"],
-            iam_action="ec2:DescribeNetworkInterfaces",
-            result_selector={
-                "Ids": sfn.JsonPath.list_at(f"{interfaces}.Attachment.InstanceId"),
-                "Addresses": sfn.JsonPath.list_at(f"{interfaces}.PrivateIpAddress"),
-            },
-            result_path="$.Group",
-        )
 
     @cached_property
     def join_hosts(self) -> sfn.Pass:

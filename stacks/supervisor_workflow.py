@@ -6,11 +6,13 @@ around it is stacks/supervisor.py.
     Defaults → ReadJob → ReadCounters → ListRunningJobs → OneJobAtATime
     OneJobAtATime   another job runs → DescribeRefusal → JobRefused (fails)
                     a new job → NotifyStart → ReadGroup; a continued job → ReadGroup
-    ReadGroup → SelectHealthy → CountNodes → FullSet
-    FullSet         all nodes InService and Healthy → ReadAddresses
+    ReadGroup → MoreOfGroup
+    MoreOfGroup     another page of IDs → ReadGroupPage → AddGroupPage → JoinGroupPage
+                    → MoreOfGroup; the last → PartitionGroup → ReadNodes → CountNodes → FullSet
+    FullSet         all nodes InService and HEALTHY → JoinHosts
                     otherwise → WaitForNodes → CountNodeWait → KeepWaiting
     KeepWaiting     MAX_NODE_WAITS polls → DescribeLongWait → HandOver; otherwise → ReadGroup
-    ReadAddresses → JoinHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
+    JoinHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
     NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
     PreflightPassed a mixed fleet → NotifyMixedFleet → NodesDiffer (fails)
                     a bad or replaced node → RetryLeft
@@ -87,11 +89,17 @@ def start_the_job(s: SupervisorStates) -> sfn.IChainable:
 
 
 def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
-    """Poll the group until `node_count` nodes are InService and Healthy, then build the host
-    list; after MAX_NODE_WAITS polls a successor execution waits on."""
-    s.read_group.next(s.select_healthy).next(s.count_nodes).next(s.full_set)
+    """Poll the group until `node_count` nodes are InService and HEALTHY, then build the host
+    list; after MAX_NODE_WAITS polls a successor execution waits on. The group is read page by
+    page and batch by batch (stacks/supervisor_group.py)."""
+    s.read_group.next(s.more_of_group)
+    s.more_of_group.when(sfn.Condition.is_present("$.Group.Next[0]"), s.read_group_page).otherwise(
+        s.partition_group
+    )
+    s.read_group_page.next(s.add_group_page).next(s.join_group_page).next(s.more_of_group)
+    s.partition_group.next(s.read_nodes).next(s.count_nodes).next(s.full_set)
     s.full_set.when(
-        sfn.Condition.number_equals("$.Group.Count", node_count), s.read_addresses
+        sfn.Condition.number_equals("$.Group.Count", node_count), s.join_hosts
     ).otherwise(s.wait_for_nodes)
     s.wait_for_nodes.next(s.count_node_wait).next(s.keep_waiting)
     s.keep_waiting.when(
@@ -101,9 +109,7 @@ def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
     s.describe_long_wait.next(s.hand_over)
 
     # The host list "a,b,c" in one state (stacks/supervisor_states.py, host_list_format).
-    s.read_addresses.next(s.join_hosts).next(s.nodes_ready_at).next(s.split_nodes_ready_at).next(
-        s.nodes_ready
-    )
+    s.join_hosts.next(s.nodes_ready_at).next(s.split_nodes_ready_at).next(s.nodes_ready)
 
 
 def run_an_attempt(s: SupervisorStates) -> None:

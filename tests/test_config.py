@@ -115,10 +115,10 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
             "instance_type='p9.96xlarge' is not supported; allowed: "
             + ", ".join(CLUSTER_INSTANCE_TYPES),
         ),
-        ({"node_count": "0"}, "node_count=0 is out of range; allowed: 1 to 64"),
-        ({"node_count": "65"}, "node_count=65 is out of range; allowed: 1 to 64"),
-        ({"node_count": "abc"}, "node_count='abc' is not a whole number; allowed: 1 to 64"),
-        ({"node_count": "2.5"}, "node_count='2.5' is not a whole number; allowed: 1 to 64"),
+        ({"node_count": "0"}, "node_count=0 is out of range; allowed: 1 to 1024"),
+        ({"node_count": "1025"}, "node_count=1025 is out of range; allowed: 1 to 1024"),
+        ({"node_count": "abc"}, "node_count='abc' is not a whole number; allowed: 1 to 1024"),
+        ({"node_count": "2.5"}, "node_count='2.5' is not a whole number; allowed: 1 to 1024"),
         (
             {"az_id": "usw2-az4"},
             "az_id='usw2-az4' is not in region=us-east-1; allowed: a zone ID of us-east-1 "
@@ -165,6 +165,12 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
         ({"root_volume_gib": "50"}, "root_volume_gib=50 is out of range; allowed: 100 to 16384"),
         ({"capacity_reservation_id": "cr-xyz"}, "capacity_reservation_id='cr-xyz' is not a "),
         ({"capacity_block": "true"}, "capacity_block=true is not allowed without a reservation"),
+        (
+            {**CAPACITY_BLOCK, "node_count": "65"},
+            "node_count=65 is not allowed with capacity_block=true: a Capacity Block holds at "
+            "most 64 instances; allowed: node_count 1 to 64 with capacity_block=true, or up to "
+            "1024 On-Demand or in a capacity reservation (capacity_block=false)",
+        ),
         (
             {**CAPACITY_BLOCK, "az_id": ""},
             "capacity_reservation_id=cr-0123456789abcdef0 needs an explicit az_id: a "

@@ -22,11 +22,11 @@ BAD_SETTINGS = [
         id="unknown-instance-type",
     ),
     pytest.param(
-        ["node_count=0"], "error: node_count=0 is out of range; allowed: 1 to 64", id="zero-nodes"
+        ["node_count=0"], "error: node_count=0 is out of range; allowed: 1 to 1024", id="zero-nodes"
     ),
     pytest.param(
         ["node_count=abc"],
-        "error: node_count='abc' is not a whole number; allowed: 1 to 64",
+        "error: node_count='abc' is not a whole number; allowed: 1 to 1024",
         id="nodes-not-a-number",
     ),
     pytest.param(

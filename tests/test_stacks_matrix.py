@@ -9,6 +9,7 @@ existing placement group.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -60,4 +61,23 @@ def test_mode_synthesizes_and_lints(mode: str) -> None:
         "capacity-block-endpoints": alternative,
         "odcr-placement-group": odcr,
     }[mode]()
+    assert _lint_findings(synthesized) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "settings",
+    [{"node_count": "1024"}, {"node_count": "1024", "instance_type": "trn2.48xlarge",
+                              "region": "us-east-2", "az_id": "use2-az3"}],
+    ids=["trn1-1024", "trn2-1024"],
+)  # fmt: skip
+def test_the_largest_cluster_synthesizes_and_lints(settings: dict[str, str]) -> None:
+    """1,024 nodes, On-Demand: cdk-nag clean (the synth raises otherwise), cfn-lint without a
+    finding, the group and the supervisor's host list sized for every node."""
+    synthesized = synth(**settings)
+    group = only_resource(synthesized.templates["compute"], "AWS::AutoScaling::AutoScalingGroup")
+    assert group["Properties"]["DesiredCapacity"] == "1024"
+    assert group["Properties"]["MaxSize"] == "1024"
+    machine = only_resource(synthesized.templates["operations"], "AWS::StepFunctions::StateMachine")
+    assert "{}," * 1023 + "{}'" in json.dumps(machine["Properties"]["DefinitionString"])
     assert _lint_findings(synthesized) == []

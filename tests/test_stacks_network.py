@@ -187,3 +187,29 @@ def test_flow_logs_capture_all_traffic_into_an_encrypted_log_group(default: Synt
 
 def test_default_security_group_is_locked_down(default: Synth) -> None:
     only_resource(default.templates["network"], "Custom::VpcRestrictDefaultSG")
+
+
+def test_the_cluster_subnet_holds_the_largest_cluster_and_its_replacements() -> None:
+    """A multi-node type's node takes one address (its other cards' interfaces are efa-only),
+    so 1,024 nodes, a replacement launching for each, the interface endpoints and a generous
+    allowance for FSx for Lustre's interfaces fit the /20 (4,096 addresses, 5 kept by AWS:
+    Amazon VPC user guide, Subnet CIDR blocks)."""
+    from stacks.compute import network_interfaces
+    from stacks.config import CLUSTER_INSTANCE_TYPES, MAX_NODES
+    from stacks.instance_types import INSTANCE_TYPES
+    from stacks.network import CLUSTER_SUBNET_MASK, INTERFACE_ENDPOINTS
+
+    for name in CLUSTER_INSTANCE_TYPES:
+        spec = INSTANCE_TYPES[name]
+        if not spec.supports_multi_node:
+            continue
+        interfaces = network_interfaces(
+            efa_interfaces=spec.efa_interfaces,
+            efa_only=spec.efa_only_interfaces,
+            security_group_id="sg-1",
+        )
+        with_address = [i for i in interfaces if i.interface_type != "efa-only"]
+        assert len(with_address) == 1, name
+    fsx_allowance = 256
+    needed = 2 * MAX_NODES + len(INTERFACE_ENDPOINTS) + fsx_allowance
+    assert needed <= 2 ** (32 - CLUSTER_SUBNET_MASK) - 5, needed

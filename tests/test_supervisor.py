@@ -32,13 +32,14 @@ from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import Instance
 from scripts.rehearsal.supervisor import definition as machine_definition
-from scripts.rehearsal.supervisor import local_supervisor
+from scripts.rehearsal.supervisor import jayway_json_paths, local_supervisor
 from stacks.config import MAX_NODES
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
     EVENTS_PER_NODE_WAIT,
     EVENTS_PER_POLL,
+    EVENTS_PER_TAG_PAGE,
     HISTORY_EVENTS,
     LEG_SECONDS,
     MAX_NODE_WAITS,
@@ -70,9 +71,7 @@ SDK_ACTIONS = {
     "arn:aws:states:::aws-sdk:ssm:listCommands": "ssm:ListCommands",
     "arn:aws:states:::aws-sdk:ssm:listCommandInvocations": "ssm:ListCommandInvocations",
     "arn:aws:states:::aws-sdk:ssm:cancelCommand": "ssm:CancelCommand",
-    "arn:aws:states:::aws-sdk:autoscaling:describeAutoScalingGroups": (
-        "autoscaling:DescribeAutoScalingGroups"
-    ),
+    "arn:aws:states:::aws-sdk:ec2:describeTags": "ec2:DescribeTags",
     "arn:aws:states:::aws-sdk:autoscaling:setInstanceHealth": "autoscaling:SetInstanceHealth",
     "arn:aws:states:::aws-sdk:autoscaling:describeAutoScalingInstances": (
         "autoscaling:DescribeAutoScalingInstances"
@@ -356,27 +355,33 @@ def _raw_answer(nodes: int, instance_type: str, service: str, params: dict[str, 
 def test_the_answers_the_supervisor_reads_about_nodes_fit_a_task_result(instance_type: str) -> None:
     """A task's result is at most 262,144 bytes before its ResultSelector runs (Step Functions
     API reference, TaskSucceededEventDetails.output). DescribeInstances lists every network
-    interface of every node (8 on a trn1.32xlarge, 16 on a trn2.48xlarge): on the 64 nodes a
-    cluster may have, and on a batch of 50, it is past that, so the supervisor reads the
+    interface of every node (8 on a trn1.32xlarge, 16 on a trn2.48xlarge): on 64 nodes, and on
+    a batch of 50, it is past that; so is DescribeNetworkInterfaces on every node of the largest
+    cluster. So the supervisor reads a batch of 50 at a time (stacks/supervisor_group.py): the
     addresses from the nodes' primary interfaces (DescribeNetworkInterfaces, device index 0)
-    and which nodes still run from Auto Scaling (DescribeAutoScalingInstances, a batch of 50);
-    both stay below a third of the limit. The stand-in answers with EC2's fields at their real
-    lengths (scripts/rehearsal/ec2_shapes.py)."""
-    limit, nodes = 262_144, MAX_NODES
-    ids = [f"i-{slot:017x}" for slot in range(nodes)]
+    and which nodes are in service from Auto Scaling (DescribeAutoScalingInstances); both stay
+    below a third of the limit. The stand-in answers with EC2's fields at their real lengths
+    (scripts/rehearsal/ec2_shapes.py)."""
+    limit, nodes = 262_144, 64
+    ids = [f"i-{slot:017x}" for slot in range(MAX_NODES)]
     everything = _raw_answer(nodes, instance_type, "ec2_DescribeInstances", {"InstanceIds": ids})
     batch = _raw_answer(SEND_BATCH, instance_type, "ec2_DescribeInstances", {"InstanceIds": ids})
     assert everything > limit and batch > limit, (everything, batch)
-    addresses = _raw_answer(nodes, instance_type, "ec2_DescribeNetworkInterfaces", {"Filters": [
-        {"Name": "attachment.instance-id", "Values": ids},
-        {"Name": "attachment.device-index", "Values": ["0"]},
-    ]})  # fmt: skip
+
+    def interfaces(count: int) -> int:
+        return _raw_answer(MAX_NODES, instance_type, "ec2_DescribeNetworkInterfaces", {"Filters": [
+            {"Name": "attachment.instance-id", "Values": ids[:count]},
+            {"Name": "attachment.device-index", "Values": ["0"]},
+        ]})  # fmt: skip
+
+    whole, addresses = interfaces(MAX_NODES), interfaces(SEND_BATCH)
+    assert whole > limit, whole
     alive = _raw_answer(nodes, instance_type, "autoscaling_DescribeAutoScalingInstances",
                         {"InstanceIds": ids[:SEND_BATCH], "MaxRecords": SEND_BATCH})  # fmt: skip
     assert addresses < limit / 3 and alive < limit / 3, (addresses, alive)
     print(f"{instance_type}: DescribeInstances {everything} bytes on {nodes} nodes, {batch} on "
-          f"{SEND_BATCH}; DescribeNetworkInterfaces {addresses}; DescribeAutoScalingInstances "
-          f"{alive} on {SEND_BATCH}")  # fmt: skip
+          f"{SEND_BATCH}; DescribeNetworkInterfaces {whole} on {MAX_NODES}, {addresses} on "
+          f"{SEND_BATCH}; DescribeAutoScalingInstances {alive} on {SEND_BATCH}")  # fmt: skip
 
 
 def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) -> None:
@@ -398,7 +403,16 @@ def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) ->
         }  # fmt: skip
         assert f"{document}Wait" in batches["ItemProcessor"]["States"]
         assert f"{document}Wait" not in definition["States"]
-    assert loop_events(definition, "WaitForNodes") == EVENTS_PER_NODE_WAIT
+    # The loop, with the ReadNodes Distributed Map's 4 events (loop_events counts 2) and one
+    # page of IDs; each further page goes round MoreOfGroup once more.
+    assert loop_events(definition, "WaitForNodes") + 2 == EVENTS_PER_NODE_WAIT
+    assert found["ReadNodes"]["ItemProcessor"]["ProcessorConfig"] == {
+        "Mode": "DISTRIBUTED", "ExecutionType": "STANDARD",
+    }  # fmt: skip
+    page = ["ReadGroupPage", "AddGroupPage", "JoinGroupPage", "MoreOfGroup"]
+    assert [found[n].get("Next") for n in page[:3]] == page[1:]
+    assert found["MoreOfGroup"]["Choices"][0]["Next"] == "ReadGroupPage"
+    assert sum(5 if found[n]["Type"] == "Task" else 2 for n in page) == EVENTS_PER_TAG_PAGE
     (keep,) = [s for n, s in states(definition) if n == "KeepWaiting"]
     assert keep["Choices"] == [
         {"Variable": "$.NodeWaits.Count", "NumericGreaterThanEquals": MAX_NODE_WAITS,
@@ -420,7 +434,7 @@ def test_one_attempt_of_48_hours_on_1024_nodes_is_polled_every_two_minutes_or_mo
     execution writes the same few events per attempt at any size."""
     figures = {n: min_poll_seconds(n) for n in (2, 64, 256, 1024)}
     assert figures == {2: 113, 64: 117, 256: 117, 1024: 117}, figures
-    assert job_events() < HISTORY_EVENTS / 5
+    assert job_events(1024) < HISTORY_EVENTS / 2, job_events(1024)
     # The bound is real: one poll fewer than the minimum allows outgrows a child's history.
     polls = LEG_SECONDS // (figures[1024] - 1)
     assert polls * EVENTS_PER_POLL + poll_events_used(1024) > HISTORY_EVENTS
@@ -875,7 +889,7 @@ def run_states(
         if name == last:
             break
         name = following
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), jayway_json_paths():
         import boto3
 
         client = boto3.client("stepfunctions", region_name="us-east-1")
@@ -910,7 +924,7 @@ def test_the_host_list_is_one_state_and_its_payloads_fit_at_1024_nodes(default: 
 
     template = default.templates["operations"]
     found = dict(states(machine_definition(template, placeholder_refs(template))))
-    assert found["ReadAddresses"]["Next"] == "JoinHosts"
+    assert found["FullSet"]["Choices"][0]["Next"] == "JoinHosts"
     assert not {"MoreHosts", "AddHost", "StartHostList"} & set(found)
     nodes = default.config.node_count
     assert found["JoinHosts"]["Parameters"] == {
@@ -951,8 +965,8 @@ def test_the_host_list_is_one_state_and_its_payloads_fit_at_1024_nodes(default: 
     ready = json.loads(out["NodesReady"])["Nodes"]
     assert ready["Hosts"] == ",".join(addresses) and len(ready["Hosts"]) == 16 * count - 1
     assert [len(b) for b in ready["Batches"]] == [50] * 20 + [24]
-    # ReadAddresses' output is this test's input (its ResultSelector's IDs and addresses).
-    sizes = {"ReadAddresses": len(json.dumps(given).encode())}
+    # CountNodes' output is this test's input (the IDs and addresses ReadNodes found).
+    sizes = {"CountNodes": len(json.dumps(given).encode())}
     sizes.update((name, len(output.encode())) for name, output in out.items())
     # What a batch's iteration of PreflightBatches/RunTrainingBatches gets (its ItemSelector).
     sizes["RunTrainingBatches item"] = len(

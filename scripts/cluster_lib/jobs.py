@@ -51,6 +51,12 @@ HANDOVER_SECONDS, STOP_ROUNDS = 2.0, 5
 STEP_LINE = re.compile(r"\bstep (?P<step>[0-9]+)/(?P<total>[0-9]+) loss ")
 EVAL_LINE = re.compile(r"\beval at step (?P<step>[0-9]+): loss \S+ accuracy (?P<accuracy>[0-9.]+)")
 #: States worth a line of their own while following (the rest shows in notifications).
+#: The states that read the group while the supervisor waits for nodes (stacks/
+#: supervisor_workflow.py, wait_for_nodes): passing through them is not news.
+GROUP_READ_STATES = frozenset(
+    {"ReadGroup", "MoreOfGroup", "ReadGroupPage", "AddGroupPage", "JoinGroupPage",
+     "PartitionGroup", "ReadNodes", "CountNodes"}
+)  # fmt: skip
 STATE_LINES = {
     "WaitForNodes": "waiting for a full set of InService, healthy nodes",
     "PreflightBatches": "preflight on every node",
@@ -246,7 +252,7 @@ class Jobs:
                     if state == "RunTrainingBatches":
                         training_since = event["timestamp"]
                         followers = []
-                    if state not in ("ReadGroup", "SelectHealthy", "CountNodes"):
+                    if state not in GROUP_READ_STATES:
                         last_state = state
                 message = self._notification(event)
                 if message:

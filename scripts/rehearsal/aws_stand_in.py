@@ -11,12 +11,13 @@ parameters checked with Go's regexp and substituted as the SSM agent does, comma
 executionTimeout, output capped at 24,000 characters. The rehearsal differs from AWS only in
 how commands are delivered.
 
-Served here: CloudFormation DescribeStacks; EC2 DescribeInstances; Auto Scaling
-DescribeAutoScalingGroups, DescribeInstanceRefreshes, SetInstanceHealth (an Unhealthy node is
-replaced); SNS Publish (kept in `notifications`). Served by the parts beside this file: SSM
-SendCommand, ListCommands, ListCommandInvocations, GetCommandInvocation, CancelCommand,
-DescribeInstanceInformation (ssm_stand_in.py); CloudWatch Logs DescribeLogStreams,
-GetLogEvents, FilterLogEvents (logs_stand_in.py). Step Functions calls pass through to moto,
+Served here: CloudFormation DescribeStacks; EC2 DescribeInstances, DescribeTags,
+DescribeNetworkInterfaces; Auto Scaling DescribeAutoScalingGroups, DescribeAutoScalingInstances,
+DescribeInstanceRefreshes, SetInstanceHealth (an Unhealthy node is replaced); SNS Publish (kept
+in `notifications`). Served by the parts beside this file: SSM SendCommand, ListCommands,
+ListCommandInvocations, GetCommandInvocation, CancelCommand, DescribeInstanceInformation
+(ssm_stand_in.py); CloudWatch Logs DescribeLogStreams, GetLogEvents, FilterLogEvents
+(logs_stand_in.py). Step Functions calls pass through to moto,
 where the job supervisor's state machine runs (supervisor.py). Any other call fails with a
 clear error.
 """
@@ -63,6 +64,9 @@ LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"
 KNOWN_INSTANCE_FILTERS = frozenset({"instance-id", "instance-state-name"})
 #: The DescribeNetworkInterfaces filters it answers.
 KNOWN_INTERFACE_FILTERS = frozenset({"attachment.instance-id", "attachment.device-index"})
+#: The DescribeTags filters it answers, and its MaxResults' bounds (EC2 API reference).
+KNOWN_TAG_FILTERS = frozenset({"resource-type", "key", "value"})
+TAG_PAGE_MIN, TAG_PAGE_MAX = 5, 1000
 #: DescribeAutoScalingInstances: at most 50 InstanceIds and MaxRecords (Auto Scaling API
 #: reference); an ID that does not exist "is ignored with no error".
 AUTO_SCALING_INSTANCES_MAX = 50
@@ -283,6 +287,35 @@ class LocalCloud:
                 )
             )
         return {"Reservations": [{"Instances": found}] if found else []}
+
+    def _ec2_DescribeTags(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The instances' tags, every instance the stand-in launched (a terminated one keeps its
+        tags for a while on EC2 too), in pages of MaxResults (5 to 1000, EC2 API reference,
+        DescribeTags; without it, every entry)."""
+        filters = self._filters(params, KNOWN_TAG_FILTERS)
+        limit = params.get("MaxResults")
+        if limit is not None and not TAG_PAGE_MIN <= limit <= TAG_PAGE_MAX:
+            raise LocalError(
+                "InvalidParameterValue",
+                f"Value ( {limit} ) for parameter maxResults is invalid. Expecting a value "
+                f"between {TAG_PAGE_MIN} and {TAG_PAGE_MAX}.",
+            )
+        found = [
+            {"Key": key, "ResourceId": instance.instance_id, "ResourceType": "instance",
+             "Value": value}
+            for instance in self.instances.instances
+            for key, value in self._tags().items()
+            if "instance" in filters.get("resource-type", {"instance"})
+            and key in filters.get("key", {key})
+            and value in filters.get("value", {value})
+        ]  # fmt: skip
+        start = int(params.get("NextToken") or 0)
+        if limit is None:
+            return {"Tags": found[start:]}
+        page = found[start : start + limit]
+        if start + limit < len(found):
+            return {"Tags": page, "NextToken": str(start + limit)}
+        return {"Tags": page}
 
     def _ec2_DescribeNetworkInterfaces(self, params: dict[str, Any]) -> dict[str, Any]:
         filters = self._filters(params, KNOWN_INTERFACE_FILTERS)

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -123,6 +124,45 @@ class SfnAsSdkIntegration:
         return call
 
 
+#: A JSONPath that may match any number of nodes (a deep scan, a wildcard, a filter, a slice or
+#: a union): Jayway JsonPath, which Step Functions evaluates paths with, calls it indefinite
+#: and returns a list of the matches, [] when there are none.
+_INDEFINITE = re.compile(r"\.\.|\*|\[\?\(|:|,")
+
+
+@contextlib.contextmanager
+def jayway_json_paths() -> Iterator[None]:
+    """moto's interpreter, made to read an indefinite path as Step Functions does: always a
+    list of the matches, [] when there are none. moto does so only for some shapes of path
+    ("$.a[*].b"); it raises "could not be found" for others that match nothing ("$[*].Ids[*]"
+    over batches that found no node, a filter that matches nothing) and unwraps a single match
+    ("$..NextToken" on a page with a token), where AWS goes on with [] and ["token"]."""
+    from jsonpath_ng.ext import parse
+    from moto.stepfunctions.parser.asl.utils import json_path
+
+    original = json_path.extract_json
+
+    def extract_json(path: str, data: Any) -> Any:
+        if not _INDEFINITE.search(path):
+            return original(path, data)
+        return [match.value for match in parse(path).find(data)]
+
+    # Every module of the interpreter that imported the function by name.
+    users = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("moto.stepfunctions")
+        and getattr(module, "extract_json", None) is original
+    ]
+    for module in users:
+        module.extract_json = extract_json  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in users:
+            module.extract_json = original  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[str]:
     """moto's Step Functions, with the interpreter on, holding the operations stack's state
@@ -151,6 +191,8 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     name = machine["Properties"].get("StateMachineName", f"{cloud.cluster_name}-jobs")
     # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+    paths = jayway_json_paths()
+    paths.__enter__()
     mock.start()
     aws_sdk.boto_client_for = client_for
     # The interpreter logs, at ERROR, every JSONPath a Choice finds absent ($.Grace before a
@@ -179,3 +221,4 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         aws_sdk.boto_client_for = original
         quiet.setLevel(level)
         mock.stop()
+        paths.__exit__(None, None, None)
