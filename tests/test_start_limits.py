@@ -11,6 +11,7 @@ checkpoint, the tokenizer or the token cache is the kernel's, not the trainer's 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
@@ -159,3 +160,65 @@ def test_a_job_of_two_nodes_reads_each_shared_file_as_start_limits_says(tmp_path
     assert len(_processes(resumed, str(step / "trainer_state.pt"))) == 1
     assert by[who["resume: model weights"]] == by[who["resume: trainer state"]] == 1
     assert (output / "checkpoints" / "step_00000003").is_dir()
+
+
+# -- the node tree's gather and scatter (the xla path's control groups), over gloo ------------
+
+TREE_SCRIPT = """
+import datetime, json, os, sys
+import torch.distributed as dist
+from workload.backend import NodeTree
+
+rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+tree = NodeTree(rank, world, int(os.environ["LOCAL_RANK"]), local, datetime.timedelta(seconds=60))
+report = {
+    "gathered": tree.gather_object({"rank": rank}),
+    "scattered": tree.scatter_object([f"for {r}" for r in range(world)] if rank == 0 else None),
+    "from_leader": tree.from_node_leader(f"leader {rank}"),
+}
+with open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w") as f:
+    json.dump(report, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("nodes", "local"), [(2, 2), (1, 3), (3, 1)])
+def test_the_node_tree_gathers_to_rank_0_and_scatters_from_it(
+    tmp_path: Path, nodes: int, local: int
+) -> None:
+    import json
+    import sys
+
+    from tests.node_support import REPO_ROOT
+
+    port, world = str(free_port()), nodes * local
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", TREE_SCRIPT, str(tmp_path)],
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO_ROOT),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank % local),
+                "LOCAL_WORLD_SIZE": str(local),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    for process in processes:
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, output
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
+    assert reports[0]["gathered"] == [{"rank": r} for r in range(world)]
+    assert [r["gathered"] for r in reports[1:]] == [None] * (world - 1)  # rank 0's alone
+    assert [r["scattered"] for r in reports] == [f"for {r}" for r in range(world)]
+    assert [r["from_leader"] for r in reports] == [f"leader {r - r % local}" for r in range(world)]
