@@ -12,7 +12,7 @@ import signal
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -367,45 +367,51 @@ def test_a_hold_step_that_is_not_a_step_is_refused_in_one_line(value: str) -> No
 # -- resume: reading the trainer state, seeding the Neuron runtime ---------------------------
 
 
-class _Node:
-    """The parts of a Backend that ``read_in_turns`` uses, for one rank of a node."""
+class _Rank:
+    """The parts of a Backend that ``read_once`` uses, for one rank of a job whose other ranks
+    say what ``errors`` and ``broadcast`` stand for."""
 
-    def __init__(self, local_rank: int, local_world_size: int) -> None:
-        self.local_rank = local_rank
-        self.local_world_size = local_world_size
-        self.barriers = 0
-
-    def barrier(self) -> None:
-        self.barriers += 1
+    def __init__(self, rank: int, errors: list[Any], broadcast: Any = None) -> None:
+        self.rank, self.is_main = rank, rank == 0
+        self.errors, self.broadcast = errors, broadcast
+        self.reads = 0
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        return [obj]
+        return [obj if r == self.rank else e for r, e in enumerate(self.errors)]
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj if self.is_main else self.broadcast
 
 
-def test_trainer_state_is_read_a_few_ranks_of_a_node_at_a_time() -> None:
-    from workload.turns import READERS_PER_NODE, read_in_turns
+def test_the_trainer_state_is_read_by_rank_0_alone_and_reaches_every_rank() -> None:
+    from workload.turns import read_once
 
-    assert READERS_PER_NODE == 4
-    turn_of = {}
-    for local_rank in range(32):
-        node: Any = _Node(local_rank, 32)
-        read_in_turns(node, lambda n=node, r=local_rank: turn_of.setdefault(r, n.barriers))
-        assert node.barriers == 8  # every rank passes every turn's barrier
-    assert [turn_of[r] for r in range(32)] == [r // 4 for r in range(32)]
+    ranks = [_Rank(r, [None] * 4, broadcast={"step": 8}) for r in range(4)]
+    results = []
+    for rank in ranks:
+
+        def read(rank: _Rank = rank) -> dict[str, int]:
+            rank.reads += 1
+            return {"step": 8}
+
+        results.append(read_once(cast(Any, rank), read))
+    assert [rank.reads for rank in ranks] == [1, 0, 0, 0]
+    assert results == [{"step": 8}] * 4
 
 
-def test_a_read_error_on_one_rank_is_raised_after_every_turn() -> None:
+def test_a_read_error_on_rank_0_is_raised_on_every_rank() -> None:
     from workload.checkpoint import CheckpointError
-    from workload.turns import SharedError, read_in_turns
+    from workload.turns import SharedError, read_once
 
-    node: Any = _Node(1, 8)
+    message = "step_00000008/trainer_state.pt: not a trainer state"
 
     def broken() -> None:
-        raise CheckpointError("step_00000008/trainer_state.pt: not a trainer state")
+        raise CheckpointError(message)
 
-    with pytest.raises(SharedError, match="not a trainer state"):
-        read_in_turns(node, broken)
-    assert node.barriers == 2
+    for rank in range(3):
+        backend: Any = _Rank(rank, [message, None, None])
+        with pytest.raises(SharedError, match="not a trainer state"):
+            read_once(backend, broken)
 
 
 def test_the_stochastic_rounding_seed_follows_the_seed_and_the_resume_step(tmp_path: Path) -> None:

@@ -285,6 +285,22 @@ class Backend:
         """Rank 0's ``obj`` on every rank."""
         return obj if self.control is None else self.control.broadcast_object(obj)
 
+    def from_node_leader(self, obj: Any) -> Any:
+        """The ``obj`` of this node's local rank 0 on every rank of the node."""
+        return obj if self.control is None else self.control.from_node_leader(obj)
+
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on rank 0, None elsewhere: what only rank 0
+        needs (the RNG states it saves) reaches no other rank."""
+        return [obj] if self.control is None else self.control.gather_object(obj)
+
+    def scatter_object(self, objs: list[Any] | None) -> Any:
+        """Rank 0's ``objs[r]`` on rank r (``objs`` is read on rank 0 only)."""
+        if self.control is None:
+            assert objs is not None
+            return objs[0]
+        return self.control.scatter_object(objs)
+
     # -- randomness ------------------------------------------------------------------------
 
     def seed(self, seed: int) -> None:
@@ -360,6 +376,15 @@ class Control:
     def all_gather_object(self, obj: Any) -> list[Any]:
         raise NotImplementedError
 
+    def from_node_leader(self, obj: Any) -> Any:
+        raise NotImplementedError
+
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        raise NotImplementedError
+
+    def scatter_object(self, objs: list[Any] | None) -> Any:
+        raise NotImplementedError
+
 
 class OneGroup(Control):
     """One group over all ranks (cpu: the gloo world itself; cuda: a gloo group beside
@@ -386,6 +411,24 @@ class OneGroup(Control):
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, obj, group=self.group)
         return gathered
+
+    def from_node_leader(self, obj: Any) -> Any:
+        # One group over all ranks has no node groups (cpu and cuda: jobs of a few nodes).
+        rank = dist.get_rank()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        return self.all_gather_object(obj)[rank - local_rank]
+
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        main = dist.get_rank() == 0
+        gathered: list[Any] | None = [None] * self.world_size if main else None
+        dist.gather_object(obj, gathered, dst=0, group=self.group)
+        return gathered
+
+    def scatter_object(self, objs: list[Any] | None) -> Any:
+        box: list[Any] = [None]
+        sent = objs if dist.get_rank() == 0 else None
+        dist.scatter_object_list(box, sent, src=0, group=self.group)
+        return box[0]
 
 
 class NodeTree(Control):
@@ -464,6 +507,46 @@ class NodeTree(Control):
         nodes: list[Any] = [None] * dist.get_world_size(self.leaders)
         dist.all_gather_object(nodes, node, group=self.leaders)
         return self._from_leader([item for per_node in nodes for item in per_node])
+
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Up the node to its leader, then across the leaders to rank 0."""
+        node: list[Any] | None = [obj]
+        if self.node is not None:
+            node = [None] * dist.get_world_size(self.node) if self.is_leader else None
+            dist.gather_object(obj, node, dst=self.leader, group=self.node)
+        if not self.is_leader:
+            return None
+        if self.leaders is None:
+            return node
+        nodes: list[Any] | None = None
+        if self.leader == 0:
+            nodes = [None] * dist.get_world_size(self.leaders)
+        dist.gather_object(node, nodes, dst=0, group=self.leaders)
+        return None if nodes is None else [item for per_node in nodes for item in per_node]
+
+    def scatter_object(self, objs: list[Any] | None) -> Any:
+        """Across the leaders (a node's share each), then down each node."""
+        share: Any = objs
+        if self.leaders is not None:
+            box: list[Any] = [None]
+            chunks = None
+            if self.leader == 0:
+                assert objs is not None
+                size = len(objs) // dist.get_world_size(self.leaders)
+                chunks = [objs[i : i + size] for i in range(0, len(objs), size)]
+            dist.scatter_object_list(box, chunks, src=0, group=self.leaders)
+            share = box[0]
+        if self.node is None:
+            assert share is not None
+            return share[0]
+        mine: list[Any] = [None]
+        dist.scatter_object_list(
+            mine, share if self.is_leader else None, src=self.leader, group=self.node
+        )
+        return mine[0]
+
+    def from_node_leader(self, obj: Any) -> Any:
+        return self._from_leader(obj)
 
     def _from_leader(self, obj: Any) -> Any:
         """The node leader's ``obj`` on every rank of the node."""

@@ -76,7 +76,7 @@ from workload.token_cache import (
     split_cache_dir,
     write_token_cache,
 )
-from workload.turns import USER_ERRORS, SharedError, leader_first, read_in_turns
+from workload.turns import USER_ERRORS, SharedError, leader_first, main_then_nodes, read_once
 
 log = logging.getLogger("workload.train")
 
@@ -123,12 +123,16 @@ class Run:
     def prepare_data(self) -> None:
         """Validate the data, get the tokenizer, fill the token cache, open the splits."""
         config, backend = self.config, self.backend
-        data_dir = leader_first(
+        # Rank 0 first, then each node's leader checks that it sees the same directory (a
+        # hub data set lands on the shared output once, not once per node).
+        data_dir = main_then_nodes(
             backend,
             lambda: resolve_data_dir(config.data, self.output / "hub", allow_download=True),
-            lambda: resolve_data_dir(config.data, self.output / "hub", allow_download=False),
-            per_node=True,
+            lambda first: first if first.is_dir() else None,
+            lambda leaders: leaders,
         )
+        # The tokenizer is made or loaded by rank 0 alone and reaches the other ranks as an
+        # object, so no other rank opens its files (stacks/start_limits.py: TOKENIZER).
         if config.is_tiny:
             tokenizer_dir = self.output / "tokenizer"
 
@@ -141,18 +145,10 @@ class Run:
                     save_tokenizer(trained, tokenizer_dir)
                 return load_tokenizer(str(tokenizer_dir), config.task, allow_download=False)
 
-            self.tokenizer = leader_first(
-                backend,
-                make_tokenizer,
-                lambda: load_tokenizer(str(tokenizer_dir), config.task, allow_download=False),
-                per_node=False,
-            )
+            self.tokenizer = read_once(backend, make_tokenizer)
         else:
-            self.tokenizer = leader_first(
-                backend,
-                lambda: load_tokenizer(config.model, config.task, allow_download=True),
-                lambda: load_tokenizer(config.model, config.task, allow_download=False),
-                per_node=True,
+            self.tokenizer = read_once(
+                backend, lambda: load_tokenizer(config.model, config.task, allow_download=True)
             )
 
         def fill_cache() -> dict[str, str]:
@@ -176,10 +172,15 @@ class Run:
             forget_reads()
             return {split: str(path) for split, path in targets.items()}
 
-        paths = leader_first(backend, fill_cache, lambda: {}, per_node=True)
-        # Each rank opens the cache its node's leader filled.
-        all_paths = backend.all_gather_object(paths)
-        paths = all_paths[backend.rank - backend.local_rank]
+        # Rank 0 fills the cache; another node's leader fills one only where it cannot see
+        # rank 0's (a node-local --cache-dir), so on the shared file system the data is
+        # tokenized and written once, not once per node (stacks/start_limits.py).
+        paths = main_then_nodes(
+            backend,
+            fill_cache,
+            lambda first: first if all(Path(p).is_dir() for p in first.values()) else None,
+            lambda leaders: leaders,
+        )
         self.train_split = TokenizedSplit(Path(paths["train"]), config.task)
         self.test_split = TokenizedSplit(Path(paths["test"]), config.task)
         log.info(
@@ -207,7 +208,12 @@ class Run:
             per_node=True,
         )
         if self.resumed_from is not None:
-            load_model_weights(self.resumed_from, model)
+            # Rank 0 alone reads the weights: broadcast_parameters below (and DDP when it
+            # wraps the model) gives every rank rank 0's parameters and buffers.
+            path = self.resumed_from
+            leader_first(
+                backend, lambda: load_model_weights(path, model), lambda: None, per_node=False
+            )
         self.flops_per_sample = flops_per_sample(model, config.max_length)
         self.parameters = sum(p.numel() for p in model.parameters())
         self.model = backend.prepare_model(model)
@@ -262,7 +268,19 @@ class Run:
 
     def _restore(self, path: Path) -> None:
         config, backend = self.config, self.backend
-        state = read_in_turns(backend, lambda: load_trainer_state(path))
+        # Rank 0 reads the trainer state once and it reaches every rank through a tree of
+        # broadcasts, each rank's RNG state to that rank alone (stacks/start_limits.py:
+        # every rank reading it would read it once per node from the shared file system).
+        rngs: list[Any] = []
+
+        def read_state() -> dict[str, Any]:
+            full = load_trainer_state(path)
+            rngs.extend(full.pop("rng"))
+            full["rng_count"] = len(rngs)
+            return full
+
+        state = read_once(backend, read_state)
+        rng_count = int(state.pop("rng_count"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
@@ -281,9 +299,8 @@ class Run:
             self.epoch, self.offset = divmod(
                 int(state["samples_seen"]) // self.per_step, self.steps_per_epoch
             )
-        rng = state["rng"]
-        if len(rng) == backend.world_size:
-            backend.set_rng_state(rng[backend.rank])
+        if rng_count == backend.world_size:
+            backend.set_rng_state(backend.scatter_object(rngs if backend.is_main else None))
         else:
             backend.seed(config.seed + 1000 * backend.rank + self.step)
         log.info("resuming from %s at step %d (epoch %d)", path, self.step, self.epoch)
@@ -448,7 +465,9 @@ class Run:
         self.last_save_step = self.step
         if self.graphs_only:  # values are not computed under neuron_parallel_compile
             return
-        rng = self.backend.all_gather_object(self.backend.rng_state())
+        # Only rank 0 writes the RNG states: gathered to it alone (an all-gather would give
+        # every rank all 32,768 at 1,024 nodes: stacks/start_limits.py RNG_GATHER).
+        rng = self.backend.gather_object(self.backend.rng_state())
         if self.backend.is_main:
             state = {
                 "format_version": FORMAT_VERSION,

@@ -26,32 +26,45 @@ class SharedError(RuntimeError):
     """A user error that one rank found and every rank raises (printed once, by rank 0)."""
 
 
-#: Processes of a node that read a checkpoint's trainer state at the same time on resume.
-#: Every rank needs the whole optimizer state; 32 ranks reading it at once from the shared
-#: file system multiply the read and the host memory it takes by 32.
-READERS_PER_NODE = 4
+def read_once(backend: Backend, read: Callable[[], T]) -> T:
+    """``read()`` on rank 0 alone, its result on every rank (a tree of gloo broadcasts).
 
-
-def read_in_turns(backend: Backend, read: Callable[[], T]) -> T:
-    """``read()`` on every rank, ``READERS_PER_NODE`` local ranks at a time.
-
-    Every rank passes the same barriers (nodes have the same number of processes); a user
-    error on one rank is raised on every rank after the last turn, so none waits forever.
+    What every rank needs whole (a checkpoint's optimizer state on resume) is read from the
+    shared file system once instead of once per node or per rank: stacks/start_limits.py
+    counts the difference at 1,024 nodes. A user error on rank 0 is raised on every rank.
     """
-    turns = -(-backend.local_world_size // READERS_PER_NODE)
-    result: T | None = None
-    error: str | None = None
-    for turn in range(turns):
-        if backend.local_rank // READERS_PER_NODE == turn:
-            try:
-                result = read()
-            except USER_ERRORS as exc:
-                error = str(exc)
-        backend.barrier()
-    errors = [message for message in backend.all_gather_object(error) if message is not None]
-    if errors:
-        raise SharedError(errors[0])
-    return result  # type: ignore[return-value]
+    result = leader_first(backend, read, lambda: None, per_node=False)
+    return backend.broadcast_object(result if backend.is_main else None)
+
+
+def main_then_nodes(
+    backend: Backend,
+    make: Callable[[], T],
+    reuse: Callable[[T], T | None],
+    follower: Callable[[T], T],
+) -> T:
+    """``make()`` on rank 0 first; then each other node's local rank 0 takes rank 0's result
+    through ``reuse`` (None when its node cannot see what rank 0 made, a node-local
+    directory say: it then runs ``make()`` itself); the other ranks take their node
+    leader's through ``follower``.
+
+    On the cluster the job's files are on the shared file system, so one rank does the work
+    (downloading a data set, filling the token cache) instead of one per node at the same
+    time, and the nodes' leaders only check that it is there. User errors are shared as in
+    ``leader_first``.
+    """
+    first = leader_first(backend, make, lambda: None, per_node=False)
+    first = backend.broadcast_object(first if backend.is_main else None)
+
+    def node_leader() -> T:
+        if backend.is_main:
+            return first
+        reused = reuse(first)
+        return make() if reused is None else reused
+
+    mine = leader_first(backend, node_leader, lambda: None, per_node=True)
+    leaders = backend.from_node_leader(mine if backend.is_local_main else None)
+    return mine if backend.is_local_main else follower(leaders)  # type: ignore[return-value]
 
 
 def leader_first(

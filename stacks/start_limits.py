@@ -1,0 +1,266 @@
+"""What every node and rank of a job asks of shared storage when it starts (and when it saves),
+against the documented limits of S3 and FSx for Lustre: the arithmetic that workload/train.py,
+workload/turns.py and the storage stack follow. No CDK import, so tests and the CLI can use it.
+
+A job on N trn1.32xlarge nodes runs 32 ranks a node (32,768 at 1,024 nodes), and they start
+together: an access that every rank makes is N x 32 requests in the same second. Each access
+below says who makes it (ONE: rank 0; PER_NODE: each node's local rank 0; PER_RANK: every
+process), what it costs, against which limit, and how long it takes at that limit
+(``seconds``) or how many requests a second it needs (``per_second``).
+
+Limits, with their sources:
+
+- S3: "your application can achieve at least 3,500 PUT/COPY/POST/DELETE or 5,500 GET/HEAD
+  requests per second per partitioned Amazon S3 prefix"; above that S3 answers 503 Slow Down
+  while it partitions the prefix, which takes time (Amazon S3 User Guide, "Best practices
+  design patterns: optimizing Amazon S3 performance",
+  https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html; AWS
+  Knowledge Center, "Why am I getting 503 Slow Down errors from Amazon S3 when the requests
+  are within the supported request rate per prefix?",
+  https://repost.aws/knowledge-center/s3-503-within-request-rate-prefix). The compile cache
+  is one prefix (stacks/storage.py COMPILE_CACHE_PREFIX), so a new bucket has 5,500 GET/s.
+- FSx for Lustre PERSISTENT_2 SSD (stacks/storage.py; stacks/config.py: 1,200 GiB at
+  250 MB/s/TiB unless set): per TiB, disk throughput 250 MB/s baseline (500 burst), network
+  throughput 640 MB/s baseline, 6.8 GiB of file-server memory cache ("Performance
+  characteristics of SSD and HDD storage classes",
+  https://docs.aws.amazon.com/fsx/latest/LustreGuide/ssd-storage.html). Reads and writes here
+  use the disk baseline (the slowest). Metadata: "The number of provisioned Metadata IOPS
+  determines the maximum rate of metadata operations that can be supported by the file
+  system"; for SSD the values are 1,500, 3,000, 6,000, 12,000 and multiples of 12,000 up to
+  192,000 ("Managing metadata performance",
+  https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-metadata-performance.html;
+  FSx API Reference, FileSystemLustreMetadataConfiguration,
+  https://docs.aws.amazon.com/fsx/latest/APIReference/API_FileSystemLustreMetadataConfiguration.html).
+  The stack sets no metadata configuration; this module takes the smallest, 1,500 (Automatic
+  mode's figure for the smallest file system), and counts one Metadata IOPS for each open and
+  for each first look-up of a name by a node (a Lustre client caches the attributes it holds
+  a lock for, so the other ranks of the node do not ask again): an upper bound on the cost.
+- Network: a single TCP flow between instances of one cluster placement group reaches up to
+  10 Gbps, 5 Gbps otherwise ("Amazon EC2 instance network bandwidth",
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html);
+  this module takes 5 Gbps. gloo broadcasts along a binomial tree, ceil(log2 n) rounds for n
+  processes (gloo/broadcast.cc, in pytorch/pytorch's third_party/gloo).
+- The Neuron persistent cache at an s3:// URL (NEURON_COMPILE_CACHE_URL, set by
+  scripts/node/lib.sh export_job_environment): every process that meets a graph asks the
+  cache for it ("Neuron Persistent Cache",
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuron-caching.html).
+  libneuronxla's source is not public; its CompileCache interface, as optimum-neuron's
+  CompileCacheHfProxy uses it (optimum/neuron/utils/hub_cache_utils.py: ``exists(path)``, then
+  ``download_file(path, dst)``), is taken to cost one HEAD and the GETs of boto3's download:
+  s3transfer splits a download above 8 MiB into 8 MiB ranged GETs (s3transfer/manager.py,
+  TransferConfig multipart_threshold and multipart_chunksize). NEFF_BYTES is the largest
+  model.neff in aws-neuron/optimum-neuron-cache's listing of a BERT-sized module (17.5 MB).
+
+The start budget: each access must be served within START_BUDGET_S at these limits (at 1,024
+nodes a minute of start costs 17 node-hours), and an S3 access must stay within the prefix's
+request rate in the second in which all ranks make it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MAX_NODES = 1_024
+RANKS_PER_NODE = 32  # trn1.32xlarge: 16 Trainium chips x 2 NeuronCores, one rank each
+START_BUDGET_S = 60.0
+
+# -- limits ---------------------------------------------------------------------------------
+S3_GET_PER_SECOND = 5_500  # GET/HEAD per partitioned prefix
+S3_PUT_PER_SECOND = 3_500  # PUT/COPY/POST/DELETE per partitioned prefix
+S3_PART_BYTES = 8 * 2**20  # s3transfer's multipart threshold and chunk size
+FSX_STORAGE_GIB = 1_200  # stacks/config.py FSX_MIN_GIB, the default fsx_storage_gib
+FSX_THROUGHPUT_PER_TIB = 250  # MB/s per TiB: stacks/config.py's default fsx_throughput_per_tib
+FSX_METADATA_IOPS = 1_500  # the smallest SSD Metadata IOPS (no metadata configuration set)
+FSX_METADATA_IOPS_VALUES = (1_500, 3_000, 6_000, *range(12_000, 192_001, 12_000))
+FLOW_BYTES_PER_SECOND = 5e9 / 8  # one TCP flow: 5 Gbps
+
+# -- what the reference job moves (BERT-base fine-tuning, docs/performance.md) ---------------
+MODEL_BYTES = 110_000_000 * 4  # about 110 M parameters in fp32: model.safetensors
+STATE_BYTES = 2 * MODEL_BYTES  # AdamW's exp_avg and exp_avg_sq: trainer_state.pt
+#: One rank's RNG state as train.py saves it (python, numpy, torch): 14,623 bytes pickled,
+#: measured with ``pickle.dumps(Backend(kind="cpu", ...).rng_state())``.
+RNG_BYTES = 14_623
+#: Files a process looks up to load a tokenizer directory with AutoTokenizer (52 look-ups of
+#: which 6 opens: strace -e openat,stat,newfstatat,statx of load_tokenizer on a saved tiny
+#: tokenizer).
+TOKENIZER_LOOKUPS = 52
+TOKENIZER_OPENS = 6
+TOKENIZER_BYTES = 1_000_000  # a 30,522-entry WordPiece tokenizer pickles to well under 1 MB
+#: Amazon Polarity (3.6 M train + 0.4 M test examples) at 128 tokens: int32 input_ids,
+#: int8 token_type_ids, int32 lengths, int64 labels per example.
+TOKEN_CACHE_BYTES = 4_000_000 * (128 * 4 + 128 + 4 + 8)
+#: Files a rank opens to open both splits of the token cache (workload/token_cache.py
+#: TokenizedSplit: meta.json and four memory-mapped arrays each).
+TOKEN_CACHE_OPENS = 2 * (1 + 4)
+NEFF_BYTES = 17_500_000
+#: Files of a checkpoint (model.safetensors, config.json, the tokenizer's, trainer_state.pt,
+#: train_config.yaml): what the data repository association exports to S3 after a save.
+CHECKPOINT_FILES = 8
+
+ONE, PER_NODE, PER_RANK = "rank 0", "each node's local rank 0", "every rank"
+
+
+def fsx_read_bytes_per_second(storage_gib: int = FSX_STORAGE_GIB) -> float:
+    """The file system's disk throughput, baseline (bytes a second)."""
+    return storage_gib / 1024 * FSX_THROUGHPUT_PER_TIB * 1e6
+
+
+def tree_seconds(payload: int, processes: int) -> float:
+    """A gloo broadcast of ``payload`` bytes to ``processes``: ceil(log2) rounds of one flow."""
+    return math.ceil(math.log2(processes)) * payload / FLOW_BYTES_PER_SECOND if processes > 1 else 0
+
+
+def count(who: str, nodes: int, ranks: int) -> int:
+    return {ONE: 1, PER_NODE: nodes, PER_RANK: nodes * ranks}[who]
+
+
+@dataclass(frozen=True)
+class Figure:
+    demand: float
+    limit: float
+    unit: str  # "requests/s" (demand is a peak rate) or "s" (demand is a duration)
+
+    @property
+    def within(self) -> bool:
+        return self.demand <= self.limit
+
+
+@dataclass(frozen=True)
+class Access:
+    name: str
+    who: str  # ONE, PER_NODE or PER_RANK: who makes it in the code as it is
+    service: str
+    figure: Callable[[int, int, int], Figure]  # (nodes, ranks per node, metadata IOPS)
+
+
+def _metadata(ops: float, iops: int) -> Figure:
+    return Figure(ops / iops, START_BUDGET_S, "s")
+
+
+def compile_cache_lookup(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """Every process asks the S3 cache for each graph as it meets it, all at once."""
+    requests = 1 + math.ceil(NEFF_BYTES / S3_PART_BYTES)
+    return Figure(count(PER_RANK, nodes, ranks) * requests, S3_GET_PER_SECOND, "requests/s")
+
+
+def tokenizer(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS, who: str = ONE) -> Figure:
+    """Rank 0 loads the tokenizer; the others receive it as an object (read_once)."""
+    loaders = count(who, nodes, ranks)
+    lookups = min(loaders, nodes) * (TOKENIZER_LOOKUPS - TOKENIZER_OPENS)
+    seconds = (lookups + loaders * TOKENIZER_OPENS) / iops
+    if who == ONE:
+        seconds += tree_seconds(TOKENIZER_BYTES, nodes)
+    return Figure(seconds, START_BUDGET_S, "s")
+
+
+def token_cache_fill(
+    nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS, who: str = ONE
+) -> Figure:
+    """Tokenizing and writing the cache: rank 0 (main_then_nodes), the other nodes' leaders
+    only check that the two split directories are there."""
+    writers = count(who, nodes, ranks)
+    seconds = writers * TOKEN_CACHE_BYTES / fsx_read_bytes_per_second() + 2 * nodes / iops
+    return Figure(seconds, START_BUDGET_S, "s")
+
+
+def token_cache_open(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """Every rank opens meta.json and memory-maps the arrays of both splits."""
+    return _metadata(count(PER_RANK, nodes, ranks) * TOKEN_CACHE_OPENS, iops)
+
+
+def resume_weights(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS, who: str = ONE) -> Figure:
+    """model.safetensors: read by rank 0, which broadcast_parameters (and DDP) copies to every
+    rank. Ranks of one node share the node's page cache: the file server sends it once a node."""
+    readers = count(who, nodes, ranks)
+    seconds = min(readers, nodes) * MODEL_BYTES / fsx_read_bytes_per_second() + readers / iops
+    return Figure(seconds, START_BUDGET_S, "s")
+
+
+def resume_state(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS, who: str = ONE) -> Figure:
+    """trainer_state.pt: read by rank 0 (read_once), broadcast down the node tree; each rank's
+    RNG state is scattered to it alone."""
+    readers = count(who, nodes, ranks)
+    size = STATE_BYTES + nodes * ranks * RNG_BYTES
+    seconds = min(readers, nodes) * size / fsx_read_bytes_per_second() + readers / iops
+    if who == ONE:
+        seconds += tree_seconds(STATE_BYTES, nodes)
+    return Figure(seconds, START_BUDGET_S, "s")
+
+
+def rng_gather(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """The RNG states of every rank at each save, gathered to rank 0 alone (gather_object),
+    which receives them over its flows; an all-gather gave each of the 32 ranks of every node
+    all of them too (479 MB each at 1,024 nodes), for nothing."""
+    return Figure(nodes * ranks * RNG_BYTES / FLOW_BYTES_PER_SECOND, START_BUDGET_S, "s")
+
+
+def checkpoint_write(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """Rank 0 writes the checkpoint (model, trainer state with every rank's RNG state)."""
+    size = MODEL_BYTES + STATE_BYTES + nodes * ranks * RNG_BYTES
+    return Figure(
+        size / fsx_read_bytes_per_second() + 2 * CHECKPOINT_FILES / iops, START_BUDGET_S, "s"
+    )
+
+
+def checkpoint_export(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """The jobs data repository association exports a new checkpoint's files to S3 (PUTs)."""
+    parts = CHECKPOINT_FILES + math.ceil((MODEL_BYTES + STATE_BYTES) / S3_PART_BYTES)
+    return Figure(parts, S3_PUT_PER_SECOND, "requests/s")
+
+
+def resume_point(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS, keep: int = 3) -> Figure:
+    """Under xla every rank lists the checkpoints for its stochastic-rounding seed
+    (train.py stochastic_rounding_seed): look-ups a node's client caches, no opens."""
+    return _metadata(nodes * (1 + 4 * keep), iops)
+
+
+def data_dir(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """Rank 0 resolves --data (downloading a hub data set once); each node's leader checks it."""
+    return _metadata(nodes, iops)
+
+
+#: Every start- and save-time access of the project, as the code makes it now.
+ACCESSES = (
+    Access("compile cache look-up (per graph)", PER_RANK, "S3 GET/HEAD", compile_cache_lookup),
+    Access("data directory", PER_NODE, "FSx metadata", data_dir),
+    Access("tokenizer", ONE, "FSx metadata + gloo", tokenizer),
+    Access("token cache fill", ONE, "FSx write", token_cache_fill),
+    Access("token cache open", PER_RANK, "FSx metadata", token_cache_open),
+    Access("resume: model weights", ONE, "FSx read", resume_weights),
+    Access("resume: trainer state", ONE, "FSx read + gloo", resume_state),
+    Access("resume point (xla)", PER_NODE, "FSx metadata", resume_point),
+    Access("save: RNG states", ONE, "gloo", rng_gather),
+    Access("save: checkpoint write", ONE, "FSx write", checkpoint_write),
+    Access("save: export to S3", ONE, "S3 PUT", checkpoint_export),
+)
+
+#: The same accesses as the code made them before they were shared: the herds.
+HERDS = {
+    "tokenizer": lambda n, r, i=FSX_METADATA_IOPS: tokenizer(n, r, i, who=PER_RANK),
+    "token cache fill": lambda n, r, i=FSX_METADATA_IOPS: token_cache_fill(n, r, i, who=PER_NODE),
+    "resume: model weights": lambda n, r, i=FSX_METADATA_IOPS: resume_weights(
+        n, r, i, who=PER_RANK
+    ),
+    "resume: trainer state": lambda n, r, i=FSX_METADATA_IOPS: resume_state(n, r, i, who=PER_RANK),
+}
+
+
+def figures(
+    nodes: int, ranks: int = RANKS_PER_NODE, iops: int = FSX_METADATA_IOPS
+) -> dict[str, Figure]:
+    """Each access's demand and limit on ``nodes`` nodes of ``ranks`` processes."""
+    if not 1 <= nodes <= MAX_NODES or ranks < 1:
+        raise ValueError(f"nodes {nodes} is not 1 to {MAX_NODES}, or ranks {ranks} is below 1")
+    return {access.name: access.figure(nodes, ranks, iops) for access in ACCESSES}
+
+
+def metadata_iops_needed(nodes: int, ranks: int = RANKS_PER_NODE) -> int:
+    """The smallest Metadata IOPS value FSx offers with which every metadata access on
+    ``nodes`` nodes fits the start budget (what stacks/storage.py should provision)."""
+    for iops in FSX_METADATA_IOPS_VALUES:
+        metadata = [a for a in ACCESSES if "metadata" in a.service]
+        if all(a.figure(nodes, ranks, iops).within for a in metadata):
+            return iops
+    raise ValueError(f"no Metadata IOPS value serves {nodes} nodes within the budget")
