@@ -24,6 +24,7 @@ from constructs import Construct
 
 from stacks.config import ClusterConfig
 from stacks.nag import acknowledge
+from stacks.start_limits import FSX_METADATA_IOPS_VALUES, metadata_iops_needed
 
 COMPILE_CACHE_PREFIX = "neuron-compile-cache/"
 FSX_MOUNT_POINT = "/fsx"
@@ -172,6 +173,19 @@ class ClusterBuckets(Construct):
         )
 
 
+def _metadata_configuration(
+    node_count: int,
+) -> fsx.CfnFileSystem.MetadataConfigurationProperty | None:
+    """Metadata IOPS for every rank's opens at start (stacks/start_limits.py): the automatic
+    setting's 1,500 serves up to 256 nodes; a larger cluster gets the smallest value that
+    serves it, provisioned (it can be raised only on a file system created with a metadata
+    configuration: FSx for Lustre user guide, Managing metadata performance)."""
+    iops = metadata_iops_needed(node_count)
+    if iops <= FSX_METADATA_IOPS_VALUES[0]:
+        return None
+    return fsx.CfnFileSystem.MetadataConfigurationProperty(mode="USER_PROVISIONED", iops=iops)
+
+
 class LustreFileSystem(Construct):
     """FSx for Lustre PERSISTENT_2 with LZ4, linked to the data and checkpoint buckets."""
 
@@ -216,6 +230,7 @@ class LustreFileSystem(Construct):
                 # Sunday 03:00 UTC; the S3 buckets hold the durable copy, so no FSx backups.
                 weekly_maintenance_start_time="7:03:00",
                 automatic_backup_retention_days=0,
+                metadata_configuration=_metadata_configuration(config.node_count),
             ),
         )
         # Training data flows in from S3; files written to /fsx/data (by a data preparation

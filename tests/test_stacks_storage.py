@@ -181,3 +181,16 @@ def test_data_repository_associations_are_created_one_after_the_other(which: str
     assert [len(wave) for wave in waves] == [1] * len(associations), waves
     paths = [template["Resources"][w[0]]["Properties"]["FileSystemPath"] for w in waves]
     assert paths == ["/data", "/jobs"]
+
+
+def test_metadata_iops_are_provisioned_for_the_opens_of_a_large_cluster(default: Synth) -> None:
+    """Every rank opens the token cache at start: from 257 nodes the automatic 1,500 Metadata
+    IOPS do not serve them within the start budget (stacks/start_limits.py), so the file
+    system is created with the value that does; a small cluster keeps the automatic setting."""
+
+    def metadata(synthesized: Synth) -> Any:
+        fs = only_resource(synthesized.templates["storage"], "AWS::FSx::FileSystem")
+        return fs["Properties"]["LustreConfiguration"].get("MetadataConfiguration")
+
+    assert metadata(default) is None
+    assert metadata(synth(node_count="1024")) == {"Mode": "USER_PROVISIONED", "Iops": 6000}
