@@ -174,3 +174,68 @@ def test_a_failed_jobs_last_lines_and_where_its_log_is_reach_the_agent(
     # The files have everything, the agent's stdout only the tail of it.
     assert node_log.read_text().count(" rank 0: step ") == steps * 3
     assert stdout.count(b" rank 0: step ") <= 50
+
+
+# ---------------------------------------------------------- where the CLI reads it
+def test_a_commands_window_ends_at_the_next_attempt_not_at_its_own_batches() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from scripts.cluster_lib.logs import job_output_window, millis
+
+    at = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    first = {"Comment": "j attempt 1 #abc part 1/2", "RequestedDateTime": at}
+    later = at + timedelta(seconds=2)
+    second = {"Comment": "j attempt 1 #abc part 2/2", "RequestedDateTime": later}
+    retry = {"Comment": "j attempt 2", "RequestedDateTime": at + timedelta(hours=1)}
+    assert job_output_window(first, [first, second]) == (millis(at), None)
+    assert job_output_window(first, [first, second, retry]) == (
+        millis(at), millis(at + timedelta(hours=1)),
+    )  # fmt: skip
+
+
+class _Instances:
+    """What LogsStandIn reads of the rehearsal's instances: their IDs and upper folders."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cluster_name = "rehearsal"
+        self.instances = [type("Instance", (), {"instance_id": "i-0000000000000000a"})()]
+
+    def upper(self, instance: Any, path: str) -> Path:
+        return self.root / path.strip("/")
+
+
+def test_the_stand_in_ships_the_newest_job_log_as_the_cloudwatch_agent_does(
+    tmp_path: Path,
+) -> None:
+    """Stream <instance-id>/jobs: the newest file of jobs/*.log only ("file_path" in the
+    CloudWatch agent user guide), read on from where it was left, whole lines, stamped no
+    earlier than written; startTime/endTime select a command's part."""
+    import os
+
+    from scripts.rehearsal.logs_stand_in import LogsStandIn
+
+    ssm: Any = type("Ssm", (), {"instances": _Instances(tmp_path), "commands": {}})()
+    logs = LogsStandIn(ssm)
+    group = "/trainium-cluster/rehearsal/training"
+    jobs = tmp_path / "var/log/trainium-cluster/jobs"
+    jobs.mkdir(parents=True)
+    (jobs / "a.log").write_text("a 1\na 2\n")
+    os.utime(jobs / "a.log", (1000, 1000))
+
+    def read(**window: int) -> list[str]:
+        answer = logs._logs_GetLogEvents(
+            {"logGroupName": group, "logStreamName": "i-0000000000000000a/jobs",
+             "startFromHead": True, **window}
+        )  # fmt: skip
+        return [e["message"] for e in answer["events"]]
+
+    assert read() == ["a 1", "a 2"]
+    (jobs / "b.log").write_text("b 1\nb 2 (half")
+    os.utime(jobs / "b.log", (2000, 2000))
+    with (jobs / "a.log").open("a") as f:
+        f.write("a 3, written while b.log is the newest\n")
+    os.utime(jobs / "a.log", (1500, 1500))
+    assert read() == ["a 1", "a 2", "b 1"]
+    assert read(startTime=2_000_000) == ["b 1"]
+    assert read(startTime=0, endTime=2_000_000) == ["a 1", "a 2"]
