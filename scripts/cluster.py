@@ -306,13 +306,32 @@ def report(result: CommandResult, what: str) -> int:
 
 def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
     """Prints the output of a command (every batch of it) from CloudWatch Logs; with
-    --follow, keeps printing until the command has ended everywhere."""
-    from scripts.cluster_lib.clients import aws_errors
-    from scripts.cluster_lib.logs import lines_of
+    --follow, keeps printing until the command has ended everywhere. A RunTraining or
+    Precompile command's output is the job's: the nodes' job-log streams over the command's
+    time (logs.py job_output_window), which the CloudWatch agent fills from the node's log
+    files; the SSM agent's output of such a command holds only launch.sh's own lines. Any
+    other command's output is the SSM agent's."""
+    from botocore.exceptions import ClientError
 
-    command_ids = [args.command_id] if args.command_id else cluster.latest_commands(args.job_id)
+    from scripts.cluster_lib.clients import aws_errors
+    from scripts.cluster_lib.command_history import latest_attempt
+    from scripts.cluster_lib.logs import JOB_OUTPUT_FOLDERS, job_output_window, job_stream, lines_of
+
     log_group = cluster.outputs()["TrainingLogGroupName"]
-    suffix = ""
+    if args.command_id:
+        command = cluster.history.command(args.command_id)
+        document = command["Document"]
+        commands = [command]
+        others = cluster.history.commands(document) if document in JOB_OUTPUT_FOLDERS else []
+    else:
+        document = "RunTraining"
+        others = cluster.history.commands(document)
+        mine = [c for c in others if c.get("Parameters", {}).get("JobId") == [args.job_id]]
+        if not mine:
+            raise ClusterError(f"no {document} command found for job {args.job_id}")
+        commands = latest_attempt(mine)
+    command_ids = [c["CommandId"] for c in commands]
+    instance = None
     if args.node is not None:
         nodes, _ = cluster.running_nodes()
         match = [
@@ -322,19 +341,39 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
             raise ClusterError(
                 f"--node {args.node!r} matches no running node (rank, address or ID)"
             )
-        suffix = f"{match[0].instance_id if match else args.node}/"
+        instance = match[0].instance_id if match else args.node
+    # (stream, the instance it belongs to, the time window of the command in it or None)
+    streams: list[tuple[str, str, tuple[int, int | None] | None]] = []
+    if document in JOB_OUTPUT_FOLDERS:
+        for command in commands:
+            window = job_output_window(command, others)
+            for iid in command.get("InstanceIds", []):
+                if instance in (None, iid):
+                    streams.append((job_stream(iid, document), iid, window))
     # A stream's last --lines lines first, then whatever it gets after them.
     reader = cluster.logs.reader(first_lines=args.lines)
 
     def poll() -> int:
         printed = 0
-        for command_id in command_ids:
-            for name in cluster.logs.log_streams(log_group, f"{command_id}/{suffix}"):
-                for event in reader.read(name):
-                    stamp = datetime.fromtimestamp(event["timestamp"] / 1000, UTC)
-                    for line in lines_of(event):
-                        out(f"{name.split('/')[1]} {stamp:%H:%M:%S} {line}")
-                printed += 1
+        found = list(streams)
+        if document not in JOB_OUTPUT_FOLDERS:
+            suffix = f"{instance}/" if instance else ""
+            for command_id in command_ids:
+                for name in cluster.logs.log_streams(log_group, f"{command_id}/{suffix}"):
+                    found.append((name, name.split("/")[1], None))
+        for name, iid, window in found:
+            try:
+                events = reader.read(name, window)
+            except ClientError as error:
+                # A node's job-log stream appears once its CloudWatch agent has shipped a line.
+                if error.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                    raise
+                continue
+            for event in events:
+                stamp = datetime.fromtimestamp(event["timestamp"] / 1000, UTC)
+                for line in lines_of(event):
+                    out(f"{iid} {stamp:%H:%M:%S} {line}")
+            printed += 1
         return printed
 
     with aws_errors("reading the command output"):

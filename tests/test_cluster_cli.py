@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.stub import ANY
 
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.jobs import Jobs
@@ -57,14 +58,17 @@ def test_run_streams_the_master_nodes_output(aws: FakeAws) -> None:
     aws.online(nodes)
     job = aws.send("RunTraining", nodes, train_parameters(nodes))
     aws.all_succeed(job, nodes)
-    stream = f"{job}/{nodes[0]['InstanceId']}/RunTraining/stdout"
-    for token, message in (("t1", "step 10 loss 0.69"), ("t2", "step 20 loss 0.41")):
-        aws.stubs["logs"].add_response(
-            "describe_log_streams", {"logStreams": [{"logStreamName": stream}]}
-        )
+    # The job's output is in the node's job-log stream (the CloudWatch agent's), from the
+    # command's time on; the command's own output holds only launch.sh's lines.
+    stream = f"{nodes[0]['InstanceId']}/jobs"
+    expected = {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamName": stream,
+                "startTime": ANY, "startFromHead": True}  # fmt: skip
+    for token, message, after in (("t1", "step 10 loss 0.69", {}),
+                                  ("t2", "step 20 loss 0.41", {"nextToken": "t1"})):  # fmt: skip
         aws.stubs["logs"].add_response(
             "get_log_events",
             {"events": [{"timestamp": 0, "message": message}], "nextForwardToken": token},
+            {**expected, **after},
         )
 
     assert run_training(aws.cluster(), stream_rank=0).ok
@@ -386,6 +390,9 @@ def test_status_lists_nodes_with_their_ami_and_template_version_and_recent_comma
 
 
 def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
+    """A job's output is its node's job-log stream (`<instance-id>/jobs`, the CloudWatch
+    agent's, from launch.sh's files), over the time of the job's latest command: from its
+    RequestedDateTime up to the next job's command on the cluster."""
     import argparse
 
     from scripts import cluster as cli
@@ -393,25 +400,24 @@ def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
     nodes = aws.launch(2)
     aws.stack()
     latest = "00000000-0000-4000-8000-000000000007"
+    ids = [n["InstanceId"] for n in nodes]
+    sent, after = datetime(2026, 5, 1, 12, 0, tzinfo=UTC), datetime(2026, 5, 1, 13, 0, tzinfo=UTC)
     aws.stubs["ssm"].add_response(
         "list_commands",
         {"Commands": [
-            {"CommandId": latest[:-1] + "8", "Parameters": {"JobId": ["other"]}},
-            {"CommandId": latest, "Parameters": {"JobId": ["bert-1"]}},
+            {"CommandId": latest[:-1] + "8", "Parameters": {"JobId": ["other"]},
+             "RequestedDateTime": after, "InstanceIds": ids},
+            {"CommandId": latest, "Parameters": {"JobId": ["bert-1"]},
+             "RequestedDateTime": sent, "InstanceIds": ids},
         ]},
         {"Filters": [{"key": "DocumentName", "value": OUTPUTS["RunTrainingDocumentName"]}]},
-    )  # fmt: skip
-    stream = f"{latest}/{nodes[1]['InstanceId']}/RunTraining/stdout"
-    aws.stubs["logs"].add_response(
-        "describe_log_streams", {"logStreams": [{"logStreamName": stream}]},
-        {"logGroupName": OUTPUTS["TrainingLogGroupName"],
-         "logStreamNamePrefix": f"{latest}/{nodes[1]['InstanceId']}/"},
     )  # fmt: skip
     aws.stubs["logs"].add_response(
         "get_log_events",
         {"events": [{"timestamp": 1777638600000, "message": "step 10 loss 0.5\nstep 20 loss 0.4"}],
          "nextForwardToken": "f/1"},
-        {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamName": stream,
+        {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamName": f"{ids[1]}/jobs",
+         "startTime": int(sent.timestamp() * 1000), "endTime": int(after.timestamp() * 1000),
          "startFromHead": False, "limit": 2},
     )  # fmt: skip
     args = argparse.Namespace(
@@ -427,6 +433,45 @@ def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
         f"{nodes[1]['InstanceId']} 12:30:00 step 10 loss 0.5",
         f"{nodes[1]['InstanceId']} 12:30:00 step 20 loss 0.4",
     ]
+
+
+def test_logs_of_a_preflight_command_are_the_agents_output(aws: FakeAws) -> None:
+    """Commands but RunTraining and Precompile keep their output in the SSM agent's streams."""
+    import argparse
+
+    from scripts import cluster as cli
+
+    nodes = aws.launch(1)
+    aws.stack({**OUTPUTS, "NodeCount": "1"})
+    check = "00000000-0000-4000-8000-000000000009"
+    aws.stubs["ssm"].add_response(
+        "list_commands",
+        {"Commands": [{"CommandId": check, "DocumentName": OUTPUTS["PreflightDocumentName"],
+                       "RequestedDateTime": datetime(2026, 5, 1, 12, tzinfo=UTC)}]},
+        {"CommandId": check},
+    )  # fmt: skip
+    stream = f"{check}/{nodes[0]['InstanceId']}/Preflight/stdout"
+    aws.stubs["logs"].add_response(
+        "describe_log_streams", {"logStreams": [{"logStreamName": stream}]},
+        {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamNamePrefix": f"{check}/"},
+    )  # fmt: skip
+    aws.stubs["logs"].add_response(
+        "get_log_events",
+        {"events": [{"timestamp": 1777638600000, "message": "[preflight] checks passed"}],
+         "nextForwardToken": "f/1"},
+        {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamName": stream,
+         "startFromHead": False, "limit": 5},
+    )  # fmt: skip
+    args = argparse.Namespace(
+        job_id=None, command_id=check, node=None, lines=5, follow=False, poll_interval=1
+    )
+    printed, restore = capture(cli)
+    try:
+        assert cli.cmd_logs(aws.cluster(), args) == 0
+    finally:
+        restore()
+    aws.verify()
+    assert printed == [f"{nodes[0]['InstanceId']} 12:30:00 [preflight] checks passed"]
 
 
 @pytest.mark.parametrize(

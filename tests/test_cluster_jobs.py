@@ -183,19 +183,34 @@ def test_logs_follow_ends_when_the_command_ends(aws: FakeAws) -> None:
 
     nodes = aws.launch(1)
     aws.stack({**OUTPUTS, "NodeCount": "1"})
+    from datetime import UTC, datetime
+
     command = "00000000-0000-4000-8000-000000000042"
-    stream = f"{command}/{nodes[0]['InstanceId']}/RunTraining/stdout"
+    iid = nodes[0]["InstanceId"]
+    sent = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    view = {
+        "CommandId": command,
+        "DocumentName": OUTPUTS["RunTrainingDocumentName"],
+        "RequestedDateTime": sent,
+        "InstanceIds": [iid],
+        "Parameters": {"JobId": ["j"]},
+    }
+    # The command, then its document's commands (none later: the window stays open).
+    aws.stubs["ssm"].add_response("list_commands", {"Commands": [view]}, {"CommandId": command})
+    aws.stubs["ssm"].add_response(
+        "list_commands", {"Commands": [view]},
+        {"Filters": [{"key": "DocumentName", "value": OUTPUTS["RunTrainingDocumentName"]}]},
+    )  # fmt: skip
+    stream = f"{iid}/jobs"  # the job's output: the node's job-log stream
     group = OUTPUTS["TrainingLogGroupName"]
-    prefix = {"logGroupName": group, "logStreamNamePrefix": f"{command}/"}
+    since = int(sent.timestamp() * 1000)
 
     def events(message: str, token: str, **expected: Any) -> None:
-        aws.stubs["logs"].add_response("describe_log_streams", {
-            "logStreams": [{"logStreamName": stream}]}, prefix)  # fmt: skip
         aws.stubs["logs"].add_response(
             "get_log_events",
             {"events": [{"timestamp": 0, "message": message}] if message else [],
              "nextForwardToken": token},
-            {"logGroupName": group, "logStreamName": stream, **expected},
+            {"logGroupName": group, "logStreamName": stream, "startTime": since, **expected},
         )  # fmt: skip
 
     def status(value: str) -> None:
@@ -218,7 +233,6 @@ def test_logs_follow_ends_when_the_command_ends(aws: FakeAws) -> None:
     finally:
         restore()
     aws.verify()
-    iid = nodes[0]["InstanceId"]
     assert printed == [
         f"{iid} 00:00:00 step 10",
         f"{iid} 00:00:00 step 20",

@@ -96,6 +96,21 @@ class CommandHistory:
         )
         return commands[:limit]
 
+    def commands(self, document: str) -> list[dict[str, Any]]:
+        """Every command of one of the stack's documents (ListCommands, all pages)."""
+        return self._commands(document)
+
+    def command(self, command_id: str) -> dict[str, Any]:
+        """One command as ListCommands gives it, with `Document`: the name of the stack's
+        document it ran ("RunTraining", ...), or its own name for another document."""
+        with aws_errors("reading the command"):
+            found = self.ssm.list_commands(CommandId=command_id)["Commands"]
+        if not found:
+            raise ClusterError(f"no command {command_id} found")
+        outputs = self.stack.outputs()
+        names = {outputs.document(n): n for n in LISTED_DOCUMENTS}
+        return {**found[0], "Document": names.get(found[0].get("DocumentName", ""), "")}
+
     def _commands(self, document: str) -> list[dict[str, Any]]:
         with aws_errors("listing commands"):
             paginator = self.ssm.get_paginator("list_commands")

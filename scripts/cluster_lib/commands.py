@@ -12,13 +12,14 @@ from __future__ import annotations
 import functools
 import secrets
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.clients import Patience, aws_errors
 from scripts.cluster_lib.documents import load
 from scripts.cluster_lib.fleet import Node
-from scripts.cluster_lib.logs import LogFollower, Logs
+from scripts.cluster_lib.logs import JOB_OUTPUT_FOLDERS, LogFollower, Logs
 from scripts.cluster_lib.outputs import Stack
 
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut"}
@@ -38,6 +39,9 @@ class Sent:
 
     command_id: str
     nodes: tuple[Node, ...]
+    #: SSM's RequestedDateTime of the command (where a job's output starts in the nodes'
+    #: job-log streams, logs.py).
+    requested: datetime | None = None
 
 
 @dataclass
@@ -170,7 +174,8 @@ class RunCommand:
             except ClusterError:
                 self.cancel(sent, reason=f"{name} could not be sent to every node")
                 raise
-            sent.append(Sent(response["Command"]["CommandId"], tuple(group)))
+            requested = response["Command"].get("RequestedDateTime") or datetime.now(UTC)
+            sent.append(Sent(response["Command"]["CommandId"], tuple(group), requested))
         ids = ", ".join(s.command_id for s in sent)
         self.patience.out(
             f"{name}: command{'s' if len(sent) > 1 else ''} {ids} sent to {len(nodes)} nodes"
@@ -218,7 +223,12 @@ class RunCommand:
         stream: LogFollower | None = None
         if stream_rank is not None:
             streamed = nodes[stream_rank].instance_id
-            stream = self.logs.follower(command_of[streamed], streamed)
+            # A job's own output is in the node's job-log stream, not in the command's.
+            batch = next(s for s in sent if s.command_id == command_of[streamed])
+            since = batch.requested if name in JOB_OUTPUT_FOLDERS else None
+            stream = self.logs.follower(
+                command_of[streamed], streamed, job_output_since=since, document=name
+            )
         hint = hint or (
             f"command {result.command_id} keeps running on the nodes: see `cluster.py status`"
         )

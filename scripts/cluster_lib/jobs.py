@@ -38,7 +38,7 @@ from scripts.cluster_lib.executions import (
     job_of,
 )
 from scripts.cluster_lib.fleet import Node
-from scripts.cluster_lib.logs import LogFollower
+from scripts.cluster_lib.logs import LogFollower, job_output_window, job_stream
 from stacks import supervisor_limits as limits
 
 #: The failure names the state machine ends with (stacks/supervisor.py).
@@ -318,8 +318,18 @@ class Jobs:
         rank0 = next((n for n in nodes if n.address == hosts[0]), None)
         if rank0 is None:
             return []
+        # Rank 0's output is the job's, in its node's job-log stream (logs.py): one follower,
+        # from the batch that went to rank 0.
+        command = next(
+            (c for c in commands if rank0.instance_id in c.get("InstanceIds", [])), commands[0]
+        )
         self.out(f"job {job_id}: output of rank 0 ({rank0.instance_id}, {rank0.address}):")
-        return [self.cluster.logs.follower(c["CommandId"], rank0.instance_id) for c in commands]
+        return [
+            self.cluster.logs.follower(
+                command["CommandId"], rank0.instance_id,
+                job_output_since=command.get("RequestedDateTime", since),
+            )
+        ]  # fmt: skip
 
     def _ended(self, described: dict[str, Any], job_id: str, last_message: str) -> None:
         status = described["status"]
@@ -386,18 +396,21 @@ class Jobs:
                 hosts = command.get("Parameters", {}).get("Hosts", [""])[0].split(",")
                 node = nodes.get(hosts[0])
                 if node is not None:
+                    window = job_output_window(command, latest.values())
                     with contextlib.suppress(*UNKNOWN_FIELD):
-                        row.step, row.accuracy = self._progress(command["CommandId"], node)
+                        row.step, row.accuracy = self._progress(node, window)
             rows.append(row)
         return rows
 
-    def _progress(self, command_id: str, node: Node) -> tuple[str, str]:
-        """The last step and evaluation accuracy in rank 0's output of a command."""
+    def _progress(self, node: Node, window: tuple[int, int | None]) -> tuple[str, str]:
+        """The last step and evaluation accuracy in rank 0's job output over a command's
+        time `window` (its node's job-log stream, logs.py job_output_window; bounded here by
+        the next job's latest attempt, which `latest_commands_by_job` gives)."""
         log_group = self.cluster.outputs()["TrainingLogGroupName"]
         step, accuracy = "-", "-"
         logs = self.cluster.logs
-        for name in logs.log_streams(log_group, f"{command_id}/{node.instance_id}/"):
-            for event in logs.last_events(log_group, name, 500):
+        for name in [job_stream(node.instance_id)]:
+            for event in logs.last_events(log_group, name, 500, window):
                 for found in STEP_LINE.finditer(event["message"]):
                     step = f"{found['step']}/{found['total']}"
                 for found in EVAL_LINE.finditer(event["message"]):

@@ -10,10 +10,15 @@
 # them). Each finds its rank as the position of its own address in --hosts; the first host
 # is the torchrun master. The job writes to <jobs-root>/<job-id>; running the same job ID
 # again resumes from its latest checkpoint (workload/train.py resumes from --output).
-# Output is also appended to <jobs-root>/<job-id>/logs/node-<rank>-<address>.log and to
-# <log dir>/<log-folder>/<job-id>.log on the node (/var/log/trainium-cluster/jobs/ unless
-# --log-folder says precompile: the CloudWatch agent ships only the newest file matching a
-# wildcard, so a precompile's log and the job's must not share one folder).
+# The job's output (torchrun, the workers, the compiler) goes only to
+# <jobs-root>/<job-id>/logs/node-<rank>-<address>.log and to <log dir>/<log-folder>/<job-id>.log
+# on the node (/var/log/trainium-cluster/jobs/ unless --log-folder says precompile: the
+# CloudWatch agent ships only the newest file matching a wildcard, so a precompile's log and
+# the job's must not share one folder), which the CloudWatch agent ships to the stream
+# <instance-id>/<log-folder>. The SSM agent (this script's stdout) gets launch.sh's own lines
+# (start, rank, stop, the leg's end, the exit status) and, when torchrun fails, the job's last
+# 50 lines (8,000 bytes at most) with where the whole log is: the agent copies output one
+# byte per write, and a trainer must never wait for it.
 # --time-limit is the SSM command's executionTimeout: --stop-grace seconds before it, the leg
 # ends itself (SIGTERM to the trainers, which save a checkpoint and exit) and launch.sh exits
 # with status 75, which tells the CLI to start the next leg (a resume) without counting a
@@ -121,12 +126,58 @@ fi
 require_ready
 activate_python
 mkdir -p "$output_dir/logs"
-log_files=("$output_dir/logs/node-$NODE_RANK-$NODE_ADDRESS.log")
+node_log="$output_dir/logs/node-$NODE_RANK-$NODE_ADDRESS.log"
+log_files=("$node_log")
+cloudwatch="none ($LOG_DIR/$log_folder is not writable)"
 if mkdir -p "$LOG_DIR/$log_folder" 2>/dev/null && [[ -w $LOG_DIR/$log_folder ]]; then
   log_files+=("$LOG_DIR/$log_folder/$job_id.log")
+  # The CloudWatch agent's entry for this folder (phase_monitoring in bootstrap.sh).
+  cloudwatch="log group ${TRAINING_LOG_GROUP:-(TRAINING_LOG_GROUP unset)}, stream ${INSTANCE_ID:-<instance-id>}/$log_folder"
 fi
-# The tee is not tagged as part of the job: stopping leftovers below must not end it.
-exec > >(env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}") 2>&1
+# The job's output (torchrun's, the workers', the compiler's) goes to the node's log files
+# only, through a tee of its own that nothing but the files slows down. The SSM agent copies
+# a script's output one byte per write (aws/amazon-ssm-agent
+# agent/framework/processor/executer/iohandler/iomodule/fileS3.go, bufio.ScanBytes), slower
+# than 32 trainers log: a trainer writing into that full pipe would wait on its own log lines.
+# The agent gets launch.sh's own lines (log, through LOG_COPY_FD the files too) and, when
+# torchrun fails, the end of the job's output (show_job_tail). The tee is not tagged as part
+# of the job: stopping leftovers below must not end it.
+job_log="" job_log_pid=""
+open_job_log() {
+  exec {job_log}> >(exec env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}" >/dev/null)
+  job_log_pid=$!
+  LOG_COPY_FD=$job_log
+}
+# Closes launch.sh's end of the job's log and waits (30 s at most) for its tee to write what
+# it holds and exit, which it does once every process of the leg has closed its end.
+close_job_log() {
+  local tries
+  LOG_COPY_FD=""
+  exec {job_log}>&-
+  for ((tries = 0; tries < 300; tries++)); do
+    kill -0 "$job_log_pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  return 1
+}
+# What the agent gets of a failed job's output: its last TAIL_LINES lines, TAIL_BYTES bytes at
+# most. SSM returns the first 24,000 characters of a command's output (GetCommandInvocation's
+# StandardOutputContent; MaxStdoutLength in the agent) and the whole of it in CloudWatch: the
+# tail, after at most about 3 KB of launch.sh's lines (the torchrun command line holds the
+# train.py arguments, 2,048 characters at most in RunTraining), stays well inside the 24,000.
+# (ListCommandInvocations' Output shows only the first 2,500 bytes: launch.sh's first lines.)
+TAIL_LINES=50 TAIL_BYTES=8000
+show_job_tail() {
+  close_job_log || log "job $job_id: the job's log is still held open after 30 s; its last lines may be missing below"
+  log "job $job_id: the last $TAIL_LINES lines of its output on node rank $NODE_RANK (at most $TAIL_BYTES bytes; the whole log: $node_log, and CloudWatch Logs $cloudwatch):"
+  local tail
+  tail=$(tail -n "$TAIL_LINES" "$node_log" | tail -c "$TAIL_BYTES" | tr -d '\000')
+  printf '%s\n' "$tail"
+  open_job_log
+}
+# launch.sh's own errors (a failing tool's message) go to the agent's stdout, as its lines do.
+exec 2>&1
+open_job_log
 
 log "job $job_id: node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS), $NPROC processes, master ${HOSTS[0]}:$MASTER_PORT"
 log "output: $output_dir"
@@ -138,10 +189,11 @@ fi
 cd "$workload_parent"
 WATCHDOG_LOG="$LOG_DIR/watchdog.log"
 [[ -w $LOG_DIR ]] || WATCHDOG_LOG=/dev/null
-start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE"
+start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE" {job_log}>&-
 log "running: ${command[*]}"
+log "the job's output goes to $node_log; CloudWatch Logs: $cloudwatch"
 
-"${command[@]}" &
+"${command[@]}" >&"$job_log" 2>&1 {job_log}>&- &
 child=$!
 # A stop request (SIGTERM, SIGINT, SIGHUP) stops the leg the way stop.sh stops a job: the
 # trainers first, with --stop-grace seconds to save, then torchrun (stop_job in lib.sh says
@@ -171,7 +223,7 @@ if ((time_limit > 0)); then
   (
     trap - TERM
     sleep "$leg_seconds" && kill -USR1 $$ 2>/dev/null
-  ) &
+  ) {job_log}>&- &
   timer=$!
   trap end_leg USR1
 fi
@@ -203,6 +255,7 @@ elif ((status == 0)); then
   log "job $job_id: torchrun finished on node rank $NODE_RANK after $SECONDS s"
 else
   log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $SECONDS s"
+  show_job_tail
 fi
 # torchrun's status is reported as is when 0, 1, 3 or 4, else as 1 (report_exit_status in
 # lib.sh). 75 is launch.sh's own (the leg's end above): from torchrun it is a failure.

@@ -36,8 +36,16 @@ usage() {
   awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"
 }
 
+# Logs one line to stderr and, while LOG_COPY_FD names an open descriptor, to it as well
+# (launch.sh: the job's log files, which the job's own output goes to instead of the agent).
+LOG_COPY_FD=""
 log() {
-  printf '[%s %s] %s\n' "$SCRIPT_NAME" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2
+  local line
+  printf -v line '[%s %s] %s' "$SCRIPT_NAME" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"
+  printf '%s\n' "$line" >&2
+  if [[ -n $LOG_COPY_FD ]]; then
+    { printf '%s\n' "$line" >&"$LOG_COPY_FD"; } 2>/dev/null || true
+  fi
 }
 
 LAST_ERROR=""

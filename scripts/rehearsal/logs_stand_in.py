@@ -1,29 +1,79 @@
-"""The Run Command stand-in's CloudWatch Logs: the nodes' command output, as the SSM agent
-streams it with CloudWatchOutputEnabled.
+"""The stand-in's CloudWatch Logs: the nodes' command output, as the SSM agent streams it
+with CloudWatchOutputEnabled, and the nodes' job logs, as the CloudWatch agent ships them.
 
-Each invocation's stdout and stderr files (written by the node agent) are the log streams
-`<command-id>/<instance-id>/<step>/stdout` and `.../stderr` of the command's log group; one event
-per line, stamped with the file's modification time.
+- Each invocation's stdout and stderr files (written by the node agent) are the log streams
+  `<command-id>/<instance-id>/<step>/stdout` and `.../stderr` of the command's log group; one
+  event per line, stamped with the file's modification time.
+- Each node's `/var/log/trainium-cluster/jobs/*.log` and `precompile/*.log` are the streams
+  `<instance-id>/jobs` and `<instance-id>/precompile` of the training log group, as the
+  CloudWatch agent's configuration in scripts/node/bootstrap.sh (phase_monitoring) ships them:
+  only the newest file a wildcard matches is read ("file_path", CloudWatch agent user guide),
+  on from where the agent left it, whole lines only. A line is stamped no earlier than it was
+  written (the agent stamps a line without a timestamp_format with the time it reads it): here
+  with the file's modification time when the stand-in reads it, on any call.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
 
+#: The node's log folder and the CloudWatch agent's file entries in it (bootstrap.sh
+#: phase_monitoring): folder of `*.log` files -> stream `<instance-id>/<folder>`.
+NODE_LOG_DIR = "/var/log/trainium-cluster"
+AGENT_FOLDERS = ("jobs", "precompile")
+
+Event = dict[str, Any]
+
 
 class LogsStandIn:
-    """DescribeLogStreams, GetLogEvents and FilterLogEvents over the commands' output files."""
+    """DescribeLogStreams, GetLogEvents and FilterLogEvents over the commands' output files
+    and the nodes' job logs."""
 
-    def __init__(self, ssm: SsmStandIn) -> None:
+    def __init__(self, ssm: SsmStandIn, *, training_log_group: str | None = None) -> None:
         self.ssm = ssm
+        #: The group the nodes' CloudWatch agent ships to (the stack's TrainingLogGroupName,
+        #: as aws_stand_in.py names it).
+        self.training_log_group = (
+            training_log_group or f"/trainium-cluster/{ssm.instances.cluster_name}/training"
+        )
+        self._lock = threading.Lock()
+        #: What the CloudWatch agent has shipped: stream -> events; and where it left each file.
+        self._shipped: dict[str, list[Event]] = {}
+        self._offsets: dict[Path, int] = {}
 
-    def _streams(self, group: str) -> dict[str, Path]:
-        """Log streams the agent writes with CloudWatchOutputEnabled:
-        <command-id>/<instance-id>/<step>/stdout|stderr."""
-        streams = {}
+    def _ship(self) -> None:
+        """Reads on each node's newest job log per folder, as the CloudWatch agent does."""
+        instances = self.ssm.instances
+        with self._lock:
+            for instance in list(instances.instances):
+                for folder in AGENT_FOLDERS:
+                    directory = instances.upper(instance, f"{NODE_LOG_DIR}/{folder}")
+                    files = [p for p in directory.glob("*.log") if p.is_file()]
+                    if not files:
+                        continue
+                    newest = max(files, key=lambda p: p.stat().st_mtime_ns)
+                    stamp = int(newest.stat().st_mtime * 1000)
+                    offset = self._offsets.get(newest, 0)
+                    with newest.open("rb") as f:
+                        f.seek(offset)
+                        data = f.read()
+                    whole = data[: data.rfind(b"\n") + 1]
+                    if not whole:
+                        continue
+                    self._offsets[newest] = offset + len(whole)
+                    events = self._shipped.setdefault(f"{instance.instance_id}/{folder}", [])
+                    for line in whole.decode(errors="replace").splitlines():
+                        events.append({"timestamp": stamp, "message": line, "ingestionTime": stamp})
+
+    def _streams(self, group: str) -> dict[str, Path | list[Event]]:
+        """Log streams: the agent's with CloudWatchOutputEnabled,
+        <command-id>/<instance-id>/<step>/stdout|stderr, and in the training log group the
+        CloudWatch agent's <instance-id>/jobs|precompile."""
+        streams: dict[str, Path | list[Event]] = {}
         for command in self.ssm.commands.values():
             if command.log_group != group:
                 continue
@@ -32,6 +82,10 @@ class LogsStandIn:
                     if (inv.folder / name).is_file():
                         key = f"{command.command_id}/{instance_id}/{command.step}/{name}"
                         streams[key] = inv.folder / name
+        if group == self.training_log_group:
+            self._ship()
+            with self._lock:
+                streams.update({k: list(v) for k, v in self._shipped.items()})
         return streams
 
     def _logs_DescribeLogStreams(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -46,18 +100,30 @@ class LogsStandIn:
         return result
 
     @staticmethod
-    def _events(path: Path) -> list[dict[str, Any]]:
-        stamp = int(path.stat().st_mtime * 1000)
-        lines = path.read_text(errors="replace").splitlines()
+    def _events(source: Path | list[Event]) -> list[Event]:
+        if isinstance(source, list):
+            return source
+        stamp = int(source.stat().st_mtime * 1000)
+        lines = source.read_text(errors="replace").splitlines()
         return [{"timestamp": stamp, "message": line, "ingestionTime": stamp} for line in lines]
 
+    @staticmethod
+    def _in_time(events: list[Event], params: dict[str, Any]) -> list[Event]:
+        """startTime (included) and endTime (excluded), GetLogEvents' and FilterLogEvents'."""
+        start, end = params.get("startTime"), params.get("endTime")
+        return [
+            e
+            for e in events
+            if (start is None or e["timestamp"] >= start) and (end is None or e["timestamp"] < end)
+        ]
+
     def _logs_GetLogEvents(self, params: dict[str, Any]) -> dict[str, Any]:
-        path = self._streams(params["logGroupName"]).get(params["logStreamName"])
-        if path is None:
+        source = self._streams(params["logGroupName"]).get(params["logStreamName"])
+        if source is None:
             raise LocalError(
                 "ResourceNotFoundException", "The specified log stream does not exist."
             )
-        events = self._events(path)
+        events = self._in_time(self._events(source), params)
         token = params.get("nextToken") or ""
         if token.startswith("f/"):
             start = int(token[2:])
@@ -80,11 +146,12 @@ class LogsStandIn:
         names = params.get("logStreamNames")
         prefix = params.get("logStreamNamePrefix", "")
         events = []
-        for name, path in sorted(streams.items()):
+        for name, source in sorted(streams.items()):
             if (names and name not in names) or not name.startswith(prefix):
                 continue
+            found = self._in_time(self._events(source), params)
             events += [{**e, "logStreamName": name, "eventId": f"{name}-{i}"}
-                       for i, e in enumerate(self._events(path))]  # fmt: skip
+                       for i, e in enumerate(found)]  # fmt: skip
         start = int(params.get("nextToken") or 0)
         size = int(params.get("limit") or 10000)
         result: dict[str, Any] = {"events": events[start : start + size]}
