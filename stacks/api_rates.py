@@ -1,0 +1,470 @@
+"""How many AWS API calls a job makes per minute, by action, against the documented quotas. No CDK
+import: the CLI and the docs can use it (`python -m stacks.api_rates` prints the table).
+
+Who calls what
+--------------
+The job supervisor (stacks/supervisor_workflow.py; the state names below are its states) calls:
+
+- a new job (start_the_job): ListRunningJobs (states:ListExecutions), NotifyStart (sns:Publish);
+- a poll for nodes (wait_for_nodes, once per PollSeconds): ReadGroup and ReadGroupPage
+  (ec2:DescribeTags, tag_pages of them), then the ReadNodes Distributed Map (a child execution per
+  batch of SEND_BATCH tagged IDs, READ_CONCURRENCY at a time), each child ReadBatchNodes
+  (autoscaling:DescribeAutoScalingInstances) and ReadBatchAddresses
+  (ec2:DescribeNetworkInterfaces, filtered); the tagged IDs include terminated instances
+  (TAGGED_PER_NODE, stacks/supervisor_limits.py), so a read takes up to twice the batches;
+- an attempt's start (PreflightBatches, RunTrainingBatches: Distributed Maps with no
+  MaxConcurrency, so every batch's child starts at once): a child execution and a <Doc>Send
+  (ssm:SendCommand) per batch of 50 nodes;
+- a poll of a running command (each child, once per PollSeconds; the children start together, so
+  they poll in the same second): <Doc>Poll (ssm:ListCommands) and <Doc>Nodes
+  (autoscaling:DescribeAutoScalingInstances);
+- the end of an attempt (each child): <Doc>CancelRest (ssm:CancelCommand, after a failure),
+  <Doc>Results (ssm:ListCommandInvocations), and in PreflightEachInvocation
+  PreflightMarkUnhealthy (autoscaling:SetInstanceHealth) for each node whose preflight exits 3; in
+  the job's execution ListStopCommands (ssm:ListCommands) after a failure, a notification
+  (sns:Publish) and StartSuccessor (states:StartExecution) for a retry or a leg;
+- a retry: NotifyRetry (sns:Publish), WaitBeforeRetry, StartSuccessor (states:StartExecution), and
+  the successor's ListRunningJobs and first poll for nodes.
+
+Every state entered is a state transition (Step Functions' StateTransition bucket), child
+executions' included. The SDK tasks retry throttling (supervisor_tasks.py: 6 retries, 5 s
+doubling to 2 min), which adds calls only once a rate is already exceeded; not counted here.
+
+The operator CLI (scripts/cluster.py) while it runs: `train` follows the execution every
+--poll-interval (CLI_INTERVAL) with GetExecutionHistory (one page of 100 events), DescribeExecution
+and, once RunTraining runs, GetLogEvents on rank 0's job-log stream; `logs --follow` reads every
+node's job-log stream (GetLogEvents, one a node unless --node) and each batch's command status
+(ssm:ListCommands, one per batch of 50) every --poll-interval; `jobs` lists executions and
+describes each one it reads (up to MAX_LISTED). `status`, `stop` and `jobs` are one-shot.
+
+The worst minute
+----------------
+Within one execution the phases follow one another; a minute can hold a poll for nodes and the
+attempt's start, the last poll of Preflight, its end and RunTraining's start, or the last poll of
+RunTraining, its end and (with --retry-delay under 60 s) the successor's start and first poll for
+nodes. `worst_minute` takes, per action, the most of these minutes; `steady_minute` is a
+command's or the node wait's polls alone (calls per poll x 60 / PollSeconds).
+
+Quotas
+------
+`QUOTAS` holds the documented rate for each action: the sustained (refill) rate per second and
+the bucket where the service uses a token bucket, with the page (title and URL). Where a figure
+differs by region the lower is used. Where no figure could be confirmed (`confirmed=False`:
+Systems Manager's and Auto Scaling's per-action API rates, SNS Publish, CloudFormation
+DescribeStacks) the check uses ASSUMED_FLOOR_PER_SECOND, a deliberately low bound: staying under
+it means staying under any plausible quota, and going over it is a flag to confirm, not a proven
+throttle. `excesses` lists what goes over its rate per minute and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from stacks.supervisor_limits import SEND_BATCH, TAGGED_PER_NODE, batches, tag_pages
+
+#: The ReadNodes Distributed Map's MaxConcurrency (stacks/supervisor_group.py READ_CONCURRENCY;
+#: tests/test_api_rates.py reads it from the synthesized definition).
+READ_CONCURRENCY = 5
+#: The CLI's --poll-interval default (scripts/cluster.py; scripts/cluster_lib/clients.py Patience).
+CLI_INTERVAL = 10.0
+#: GetExecutionHistory's page: the CLI asks for maxResults 100 (scripts/cluster_lib/executions.py).
+HISTORY_PAGE = 100
+#: `jobs` reads at most this many executions (scripts/cluster_lib/executions.py MAX_LISTED).
+MAX_LISTED = 1000
+#: State transitions per round of the node-wait loop in the job's execution with one page of IDs
+#: (WaitForNodes, CountNodeWait, KeepWaiting, ReadGroup, MoreOfGroup, PartitionGroup, ReadNodes,
+#: CountNodes, FullSet), per further page (ReadGroupPage, AddGroupPage, JoinGroupPage,
+#: MoreOfGroup), and per ReadNodes child (ReadBatchNodes, SelectBatchHealthy, AnyBatchNodeReady,
+#: ReadBatchAddresses). tests/test_api_rates.py counts them in the synthesized definition.
+NODE_WAIT_STATES, TAG_PAGE_STATES, READ_CHILD_STATES = 9, 4, 4
+#: Per child per poll of a command: <Doc>Wait, <Doc>Poll, <Doc>Nodes, <Doc>NodesAlive, <Doc>Ended.
+POLL_STATES = 5
+#: The most states one invocation's classification enters (PreflightClassify, PreflightPlugin,
+#: PreflightByCode, PreflightMarkUnhealthy, PreflightReplaced; RunTraining's has no
+#: MarkUnhealthy), and what a child enters around its classification at most: a node gone, the
+#: grace and the cancel (<Doc>NodeGone, <Doc>GraceStarts, <Doc>WaitGrace, <Doc>CancelRest,
+#: <Doc>Cancelled), <Doc>Results, <Doc>EachInvocation, <Doc>BatchResult, <Doc>ManyCauses and
+#: <Doc>FirstCauses.
+CLASSIFY_STATES = {"Preflight": 5, "RunTraining": 4}
+CHILD_END_STATES = 10
+#: The job's execution from an attempt's end to its successor's start, at most (TrainingOutcome,
+#: StopFilter, StopFilters, ListStopCommands, AnyStopCommand, StopCommandJobs, StopMatched,
+#: WasStopped, RetryLeft, CountRetry, DescribeRetry, NotifyRetry, WaitBeforeRetry, HandOver,
+#: NameSuccessor, SuccessorInput, StartSuccessor, HandedOver, JobContinues), and a new
+#: execution's start to its first poll (Defaults, ReadJob, ReadCounters, ListRunningJobs,
+#: OneJobAtATime, NotifyStart); from NodesReady to a Distributed Map (NodesReady, CountAttempt).
+AFTER_ATTEMPT_STATES, JOB_START_STATES, ATTEMPT_START_STATES = 19, 6, 2
+#: Per minute, an action whose quota could not be confirmed is held to this rate (see above).
+ASSUMED_FLOOR_PER_SECOND = 1.0
+
+TRANSITIONS = "states:StateTransition"
+CHILD_START = "states:StartExecution (Distributed Map child)"
+
+
+@dataclass(frozen=True)
+class Quota:
+    """An action's documented request rate: `per_second` sustained (a token bucket's refill
+    rate, or a flat TPS), `bucket` where there is one; `confirmed` False where no figure
+    could be confirmed (the check then uses ASSUMED_FLOOR_PER_SECOND)."""
+
+    per_second: float
+    source: str
+    url: str
+    confirmed: bool = True
+    bucket: float | None = None
+    note: str = ""
+
+    @property
+    def per_minute(self) -> float:
+        """What the check allows in a minute: the sustained rate for 60 seconds."""
+        rate = self.per_second if self.confirmed else ASSUMED_FLOOR_PER_SECOND
+        return rate * 60
+
+
+_SFN = ("Step Functions developer guide, Quotas (API action throttling; other quotas)",
+        "https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html")  # fmt: skip
+_SFN_NOTE = (
+    "all other regions' column (lower than us-east-1, us-west-2, eu-west-1); read in "
+    "awsdocs/aws-step-functions-developer-guide doc_source/limits-overview.md"
+)
+_EC2 = ("Request throttling for the Amazon EC2 API (non-mutating actions: bucket 100, refill 20)",
+        "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html")  # fmt: skip
+_SSM = ("AWS General Reference, AWS Systems Manager endpoints and quotas",
+        "https://docs.aws.amazon.com/general/latest/gr/ssm.html")  # fmt: skip
+_ASG = (
+    "Amazon EC2 Auto Scaling user guide, Auto Scaling service quotas (resources only)",
+    "https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-quotas.html",
+)
+_SNS = ("AWS General Reference, Amazon Simple Notification Service endpoints and quotas",
+        "https://docs.aws.amazon.com/general/latest/gr/sns.html")  # fmt: skip
+_CWL = (
+    "CloudWatch Logs User Guide, CloudWatch Logs quotas",
+    "https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/cloudwatch_limits_cwl.html",
+)
+_CWL_NOTE = (
+    "the figure of awsdocs/amazon-cloudwatch-logs-user-guide doc_source/cloudwatch_limits_cwl.md; "
+    "the current page may allow more (not confirmed)"
+)
+_CFN = (
+    "AWS CloudFormation user guide, quotas (no API request rate found)",
+    "https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/cloudformation-limits.html",
+)
+_UNCONFIRMED = "no per-action request rate found in the documentation searched; not confirmed"
+
+
+def _ec2(note: str = "") -> Quota:
+    return Quota(20, *_EC2, bucket=100, note=note)
+
+
+def _unconfirmed(source: tuple[str, str], note: str = _UNCONFIRMED) -> Quota:
+    return Quota(ASSUMED_FLOOR_PER_SECOND, *source, confirmed=False, note=note)
+
+
+#: Every action the supervisor and the CLI call while a job runs, with its documented quota.
+QUOTAS: dict[str, Quota] = {
+    "states:StartExecution": Quota(150, *_SFN, bucket=800, note=_SFN_NOTE),
+    CHILD_START: Quota(
+        150,
+        *_SFN,
+        bucket=800,
+        note="counted against StartExecution's bucket here (whether a map run's children draw on "
+        "it is not confirmed); at most 1,000 open map runs (Step Functions quotas)",
+    ),
+    "states:DescribeExecution": Quota(10, *_SFN, bucket=250, note=_SFN_NOTE),
+    "states:GetExecutionHistory": Quota(20, *_SFN, bucket=400, note=_SFN_NOTE),
+    "states:ListExecutions": Quota(2, *_SFN, bucket=100, note=_SFN_NOTE),
+    "states:StopExecution": Quota(25, *_SFN, bucket=500, note=_SFN_NOTE),
+    TRANSITIONS: Quota(
+        500,
+        *_SFN,
+        bucket=800,
+        note="Standard workflows, all other regions (us-east-1, us-west-2, eu-west-1: 5,000 and "
+        "1,500); a throttled transition is delayed (ExecutionThrottled), not failed",
+    ),
+    "ec2:DescribeTags": _ec2(),
+    "ec2:DescribeNetworkInterfaces": _ec2(
+        "filtered, so the non-mutating bucket (unfiltered: 50 and 10)"
+    ),
+    "ec2:DescribeInstances": _ec2("filtered, so the non-mutating bucket (unfiltered: 50 and 10)"),
+    "ssm:SendCommand": _unconfirmed(_SSM),
+    "ssm:ListCommands": _unconfirmed(_SSM),
+    "ssm:ListCommandInvocations": _unconfirmed(_SSM),
+    "ssm:CancelCommand": _unconfirmed(_SSM),
+    "ssm:GetCommandInvocation": _unconfirmed(_SSM),
+    "autoscaling:DescribeAutoScalingInstances": _unconfirmed(
+        _ASG, "AWS publishes no API request rate for EC2 Auto Scaling; not confirmed"
+    ),
+    "autoscaling:DescribeAutoScalingGroups": _unconfirmed(
+        _ASG, "AWS publishes no API request rate for EC2 Auto Scaling; not confirmed"
+    ),
+    "autoscaling:SetInstanceHealth": _unconfirmed(
+        _ASG, "AWS publishes no API request rate for EC2 Auto Scaling; not confirmed"
+    ),
+    "sns:Publish": _unconfirmed(
+        _SNS, "Publish is thousands of TPS per region on that page; the figure not confirmed here"
+    ),
+    "logs:GetLogEvents": Quota(10, *_CWL, note=_CWL_NOTE),
+    "logs:FilterLogEvents": Quota(5, *_CWL, note=_CWL_NOTE),
+    "logs:DescribeLogStreams": Quota(5, *_CWL, note=_CWL_NOTE),
+    "cloudformation:DescribeStacks": _unconfirmed(_CFN),
+}
+
+
+# ----------------------------------------------------------------- the supervisor's phases
+def read_batches(node_count: int) -> int:
+    """ReadNodes' child executions in one poll for nodes: batches of the tagged IDs, terminated
+    instances included (TAGGED_PER_NODE of them a node at most)."""
+    return math.ceil(TAGGED_PER_NODE * node_count / SEND_BATCH)
+
+
+def job_start() -> Counter[str]:
+    """A new execution's start (a new job's, or a successor's): ListRunningJobs and NotifyStart
+    (a new job only; counted for both)."""
+    return Counter({"states:ListExecutions": 1, "sns:Publish": 1, TRANSITIONS: JOB_START_STATES})
+
+
+def node_wait_round(node_count: int) -> Counter[str]:
+    """One round of the node-wait loop: ReadGroup and its pages, and the ReadNodes map's
+    children (each reads its batch's lifecycle and, when a node is ready, its addresses)."""
+    children = read_batches(node_count)
+    pages = tag_pages(node_count)
+    return Counter(
+        {
+            "ec2:DescribeTags": pages,
+            CHILD_START: children,
+            "autoscaling:DescribeAutoScalingInstances": children,
+            "ec2:DescribeNetworkInterfaces": children,
+            TRANSITIONS: NODE_WAIT_STATES
+            + TAG_PAGE_STATES * (pages - 1)
+            + READ_CHILD_STATES * children,
+        }
+    )
+
+
+def attempt_start(node_count: int) -> Counter[str]:
+    """A document's start on every node: a child execution and a SendCommand per batch."""
+    n = batches(node_count)
+    return Counter(
+        {CHILD_START: n, "ssm:SendCommand": n, TRANSITIONS: ATTEMPT_START_STATES + 2 * n}
+    )
+
+
+def command_poll(node_count: int) -> Counter[str]:
+    """One poll of a running command: ListCommands and DescribeAutoScalingInstances in each
+    batch's child execution."""
+    n = batches(node_count)
+    return Counter(
+        {
+            "ssm:ListCommands": n,
+            "autoscaling:DescribeAutoScalingInstances": n,
+            TRANSITIONS: POLL_STATES * n,
+        }
+    )
+
+
+def attempt_end(node_count: int, document: str) -> Counter[str]:
+    """The end of a document's run, at most: each batch cancelled and its invocations listed
+    and classified (Preflight: every node marked unhealthy, the worst), then in the job's
+    execution the stop check, a notification and the successor's start."""
+    n = batches(node_count)
+    calls = Counter(
+        {
+            "ssm:CancelCommand": n,
+            "ssm:ListCommandInvocations": n,
+            TRANSITIONS: (CHILD_END_STATES * n + CLASSIFY_STATES[document] * node_count),
+        }
+    )
+    if document == "Preflight":
+        calls["autoscaling:SetInstanceHealth"] = node_count
+    else:
+        calls.update(
+            {
+                "ssm:ListCommands": 1,
+                "sns:Publish": 1,
+                "states:StartExecution": 1,
+                TRANSITIONS: AFTER_ATTEMPT_STATES,
+            }
+        )
+    return calls
+
+
+def _polls_per_minute(poll_seconds: float) -> int:
+    """The most polls one loop can make in a minute."""
+    return math.ceil(60 / poll_seconds)
+
+
+def supervisor_minutes(node_count: int, poll_seconds: float) -> dict[str, Counter[str]]:
+    """The busiest minutes of a job's supervision, by what happens in them."""
+    polls = _polls_per_minute(poll_seconds)
+    waiting = Counter[str]()
+    for _ in range(polls):
+        waiting.update(node_wait_round(node_count))
+    running = Counter[str]()
+    for _ in range(polls):
+        running.update(command_poll(node_count))
+    return {
+        "a new job and its first poll for nodes": job_start() + waiting,
+        "the last poll for nodes and Preflight's start": waiting + attempt_start(node_count),
+        "Preflight's end and RunTraining's start": running
+        + attempt_end(node_count, "Preflight")
+        + attempt_start(node_count),
+        "RunTraining's polls": running,
+        "RunTraining's end, a retry and the next poll for nodes": running
+        + attempt_end(node_count, "RunTraining")
+        + job_start()
+        + waiting,
+    }
+
+
+def worst_minute(node_count: int, poll_seconds: float) -> dict[str, int]:
+    """The supervisor's calls per minute by action in its busiest minute for each action."""
+    found: dict[str, int] = {}
+    for minute in supervisor_minutes(node_count, poll_seconds).values():
+        for action, calls in minute.items():
+            found[action] = max(found.get(action, 0), calls)
+    return found
+
+
+def steady_minute(
+    node_count: int, poll_seconds: float, *, waiting: bool = False
+) -> dict[str, float]:
+    """Calls per minute while a command runs (or, `waiting`, while the nodes are waited for):
+    one loop's calls x 60 / PollSeconds."""
+    per_poll = node_wait_round(node_count) if waiting else command_poll(node_count)
+    return {action: calls * 60 / poll_seconds for action, calls in per_poll.items()}
+
+
+# ------------------------------------------------------------------------------ the CLI
+def cli_train_follow(interval: float = CLI_INTERVAL) -> dict[str, float]:
+    """`train` following the execution: per --poll-interval one page of the history, a
+    DescribeExecution and rank 0's job-log stream."""
+    per_minute = 60 / interval
+    return {
+        "states:GetExecutionHistory": per_minute,
+        "states:DescribeExecution": per_minute,
+        "logs:GetLogEvents": per_minute,
+    }
+
+
+def cli_logs_follow(
+    node_count: int, interval: float = CLI_INTERVAL, *, one_node: bool = False
+) -> dict[str, float]:
+    """`logs --job-id ID --follow`: per --poll-interval the status of each batch's command
+    (ListCommands with its ID) and every node's job-log stream (one with --node)."""
+    per_minute = 60 / interval
+    streams = 1 if one_node else node_count
+    return {
+        "ssm:ListCommands": batches(node_count) * per_minute,
+        "logs:GetLogEvents": streams * per_minute,
+    }
+
+
+def cli_jobs(executions_read: int = MAX_LISTED) -> dict[str, float]:
+    """One `jobs`, as one minute: ListExecutions pages (boto3's default of 100 a page, not
+    confirmed) and a DescribeExecution for each execution it reads (MAX_LISTED at most)."""
+    return {
+        "states:ListExecutions": math.ceil(executions_read / HISTORY_PAGE),
+        "states:DescribeExecution": executions_read,
+    }
+
+
+# ---------------------------------------------------------------------------- the check
+@dataclass(frozen=True)
+class Excess:
+    """An action over its quota in its busiest minute: who, how many calls, how many allowed."""
+
+    caller: str
+    action: str
+    calls_per_minute: float
+    allowed_per_minute: float
+
+    @property
+    def confirmed(self) -> bool:
+        """Over a documented rate (False: over ASSUMED_FLOOR_PER_SECOND, a flag to confirm)."""
+        return QUOTAS[self.action].confirmed
+
+    @property
+    def factor(self) -> float:
+        return self.calls_per_minute / self.allowed_per_minute
+
+    def __str__(self) -> str:
+        quota = QUOTAS[self.action]
+        kind = "documented" if quota.confirmed else "assumed (unconfirmed)"
+        return (
+            f"{self.caller}: {self.action} {self.calls_per_minute:,.0f}/min, {kind} "
+            f"{self.allowed_per_minute:,.0f}/min: {self.factor:.1f}x"
+        )
+
+
+def callers(
+    node_count: int, poll_seconds: float, interval: float = CLI_INTERVAL
+) -> dict[str, dict[str, float]]:
+    """Each caller's calls per minute by action in its busiest minute."""
+    return {
+        "supervisor": dict(worst_minute(node_count, poll_seconds)),
+        "cluster.py train (following)": cli_train_follow(interval),
+        "cluster.py logs --follow --node": cli_logs_follow(node_count, interval, one_node=True),
+        "cluster.py logs --follow": cli_logs_follow(node_count, interval),
+        "cluster.py jobs": cli_jobs(),
+    }
+
+
+def excesses(node_count: int, poll_seconds: float, interval: float = CLI_INTERVAL) -> list[Excess]:
+    """What goes over its quota per minute, by caller, at `node_count` and `poll_seconds`:
+    each caller alone, and the supervisor with `train` following it (one job at a time, so
+    that is a job's load)."""
+    found = []
+    groups = callers(node_count, poll_seconds, interval)
+    together = dict(groups["supervisor"])
+    for action, calls in groups["cluster.py train (following)"].items():
+        together[action] = together.get(action, 0) + calls
+    groups["supervisor + train"] = together
+    for caller, rates in groups.items():
+        for action, calls in rates.items():
+            allowed = QUOTAS[action].per_minute
+            if calls > allowed:
+                found.append(Excess(caller, action, calls, allowed))
+    return found
+
+
+def table(node_counts: tuple[int, ...] = (64, 256, 1024), poll_seconds: float | None = None) -> str:
+    """A markdown table: the supervisor's and `train`'s calls per minute by action in the worst
+    minute at each node count (PollSeconds: the minimum, supervisor_limits.min_poll_seconds),
+    with the quota and its source."""
+    from stacks.supervisor_limits import min_poll_seconds
+
+    heads = " | ".join(f"{n:,} nodes" for n in node_counts)
+    lines = [
+        f"| Action | {heads} | Quota (per second) | Source |",
+        "|---" * (len(node_counts) + 3) + "|",
+    ]
+    rates: list[dict[str, float]] = []
+    for n in node_counts:
+        poll = poll_seconds or min_poll_seconds(n)
+        merged: dict[str, float] = dict(worst_minute(n, poll))
+        for action, calls in cli_train_follow().items():
+            merged[action] = merged.get(action, 0) + calls
+        rates.append(merged)
+    for action, quota in QUOTAS.items():
+        counts = [r.get(action, 0.0) for r in rates]
+        if not any(counts):
+            continue
+        cells = " | ".join(f"{c:,.0f}" for c in counts)
+        bucket = f", bucket {quota.bucket:,.0f}" if quota.bucket else ""
+        rate = f"{quota.per_second:g}{bucket}" if quota.confirmed else "not confirmed"
+        lines.append(f"| {action} | {cells} | {rate} | [{quota.source}]({quota.url}) |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, min_poll_seconds
+
+    print("Worst minute, supervisor and `train` following, at the minimum PollSeconds:\n")
+    print(table())
+    print(f"\nAt PollSeconds {DEFAULT_POLL_SECONDS}:\n")
+    print(table(poll_seconds=DEFAULT_POLL_SECONDS))
+    print("\nOver a quota at 1,024 nodes, minimum PollSeconds:")
+    for line in [str(e) for e in excesses(1024, min_poll_seconds(1024))] or ["none"]:
+        print(f"- {line}")
