@@ -1,0 +1,209 @@
+"""stacks/api_rates.py: the AWS API calls a job makes per minute, by action, against the
+documented quotas (Step Functions developer guide, Quotas; Request throttling for the Amazon EC2
+API; CloudWatch Logs quotas: the pages are named in the module), and the model cross-checked
+against the synthesized state machine at 1,024 nodes, so that it fails when the definition
+changes what a loop calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scripts.cluster_lib.clients import Patience
+from scripts.cluster_lib.executions import MAX_LISTED
+from scripts.rehearsal.supervisor import definition as machine_definition
+from stacks import api_rates as rates
+from stacks import supervisor_group
+from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, min_poll_seconds
+from tests.cdk_support import synth
+from tests.test_supervisor import placeholder_refs, states
+
+#: The SDK resource each action is called through (arn:aws:states:::aws-sdk:<service>:<action>).
+SDK = "arn:aws:states:::aws-sdk:"
+
+
+@pytest.fixture(scope="module")
+def found() -> dict[str, dict[str, Any]]:
+    template = synth(node_count="1024").templates["operations"]
+    return dict(states(machine_definition(template, placeholder_refs(template))))
+
+
+def loop(found: dict[str, dict[str, Any]], start: str) -> list[str]:
+    """The states of the loop from `start` back to it, following each state's Next (a Choice's
+    Default: the way round when nothing has ended)."""
+    names, name = [], start
+    while True:
+        names.append(name)
+        name = found[name].get("Next") or found[name]["Default"]
+        if name == start:
+            return names
+
+
+def sdk_calls(found: dict[str, dict[str, Any]], names: list[str]) -> list[str]:
+    """The IAM-style actions of the SDK tasks among `names` (ssm:listCommands ...)."""
+    return sorted(
+        found[n]["Resource"].removeprefix(SDK)
+        for n in names
+        if found[n]["Type"] == "Task" and found[n]["Resource"].startswith(SDK)
+    )
+
+
+def longest_path(found: dict[str, dict[str, Any]], start: str) -> int:
+    """The most states one pass from `start` to an end enters (Next, Choices, Default, Catch)."""
+
+    def successors(state: dict[str, Any]) -> Iterator[str]:
+        for key in ("Next", "Default"):
+            if state.get(key):
+                yield state[key]
+        for rule in state.get("Choices", []) + state.get("Catch", []):
+            yield rule["Next"]
+
+    return 1 + max((longest_path(found, n) for n in successors(found[start])), default=0)
+
+
+# ------------------------------------------------------------------ the model's figures
+MIN_POLL = {n: min_poll_seconds(n) for n in (64, 256, 1024)}
+
+
+def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
+    """Every batch's child polls in the same second (the Distributed Maps start them together),
+    so a worst minute holds one poll of every batch whatever PollSeconds is (113 s and more):
+    the figures are the same at the minimum and the default."""
+    expected = {
+        64: {"ssm:SendCommand": 2, "ssm:ListCommands": 3, "ec2:DescribeTags": 1,
+             "autoscaling:DescribeAutoScalingInstances": 5, "ec2:DescribeNetworkInterfaces": 3,
+             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 356},
+        256: {"ssm:SendCommand": 6, "ssm:ListCommands": 7, "ec2:DescribeTags": 2,
+              "autoscaling:DescribeAutoScalingInstances": 17, "ec2:DescribeNetworkInterfaces": 11,
+              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1384},
+        1024: {"ssm:SendCommand": 21, "ssm:ListCommands": 22, "ec2:DescribeTags": 5,
+               "autoscaling:DescribeAutoScalingInstances": 62, "ec2:DescribeNetworkInterfaces": 41,
+               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 5479},
+    }  # fmt: skip
+    for nodes, figures in expected.items():
+        for poll in (MIN_POLL[nodes], DEFAULT_POLL_SECONDS):
+            worst = rates.worst_minute(nodes, poll)
+            assert {a: worst[a] for a in figures} == figures, (nodes, poll, worst)
+    worst = rates.worst_minute(1024, MIN_POLL[1024])
+    assert worst[rates.CHILD_START] == 62 and worst["states:StartExecution"] == 1
+    assert worst["states:ListExecutions"] == 1 and worst["sns:Publish"] == 2
+    assert worst["ssm:CancelCommand"] == worst["ssm:ListCommandInvocations"] == 21
+
+
+def test_the_steady_minute_falls_with_poll_seconds() -> None:
+    """A running command's polls: two calls a batch per PollSeconds."""
+    steady = {
+        (n, p): round(rates.steady_minute(n, p)["ssm:ListCommands"], 2)
+        for n in (64, 256, 1024)
+        for p in (MIN_POLL[n], DEFAULT_POLL_SECONDS)
+    }
+    assert steady == {
+        (64, 117): 1.03, (64, 300): 0.4, (256, 117): 3.08, (256, 300): 1.2,
+        (1024, 117): 10.77, (1024, 300): 4.2,
+    }, steady  # fmt: skip
+    waiting = rates.steady_minute(1024, MIN_POLL[1024], waiting=True)
+    assert round(waiting["ec2:DescribeNetworkInterfaces"], 2) == 21.03
+    assert round(waiting["ec2:DescribeTags"], 2) == 2.56
+
+
+def test_at_1024_nodes_and_the_shortest_poll_the_supervisor_keeps_to_every_documented_rate() -> (
+    None
+):
+    """The supervisor, and the supervisor with `train` following it (a job's load: one job at a
+    time), stay within every documented rate. Where no rate could be confirmed (Systems Manager,
+    Auto Scaling) the check holds them to ASSUMED_FLOOR_PER_SECOND; what goes over that is a
+    flag: the SetInstanceHealth of a preflight in which every node exits 3, and a retry whose
+    next poll for nodes falls in the minute of RunTraining's last poll."""
+    found = rates.excesses(1024, MIN_POLL[1024])
+    documented = [str(e) for e in found if e.confirmed and e.caller.startswith("supervisor")]
+    assert documented == [], documented
+    flagged = sorted(
+        (e.caller, e.action, round(e.calls_per_minute)) for e in found if not e.confirmed
+    )
+    assert flagged == [
+        ("cluster.py logs --follow", "ssm:ListCommands", 126),
+        ("cluster.py logs --follow --node", "ssm:ListCommands", 126),
+        ("supervisor", "autoscaling:DescribeAutoScalingInstances", 62),
+        ("supervisor", "autoscaling:SetInstanceHealth", 1024),
+        ("supervisor + train", "autoscaling:DescribeAutoScalingInstances", 62),
+        ("supervisor + train", "autoscaling:SetInstanceHealth", 1024),
+    ], flagged
+    for action, calls in rates.worst_minute(1024, MIN_POLL[1024]).items():
+        if rates.QUOTAS[action].confirmed:
+            assert calls <= rates.QUOTAS[action].per_minute, action
+
+
+def test_the_cli_calls_that_go_over_a_documented_rate_at_1024_nodes() -> None:
+    """`logs --follow` without --node reads every node's job-log stream every --poll-interval:
+    1,024 GetLogEvents each 10 s, ten times CloudWatch Logs' rate; one `jobs` that reads
+    MAX_LISTED executions describes each."""
+    over = sorted(
+        (e.caller, e.action, round(e.calls_per_minute), round(e.factor, 1))
+        for e in rates.excesses(1024, MIN_POLL[1024])
+        if e.confirmed
+    )
+    assert over == [
+        ("cluster.py jobs", "states:DescribeExecution", 1000, 1.7),
+        ("cluster.py logs --follow", "logs:GetLogEvents", 6144, 10.2),
+    ], over
+    assert rates.cli_logs_follow(1024, one_node=True)["logs:GetLogEvents"] == 6
+
+
+def test_every_action_has_a_named_source() -> None:
+    for action, quota in rates.QUOTAS.items():
+        assert quota.source and quota.url.startswith("https://docs.aws.amazon.com/"), action
+        assert quota.confirmed or "confirm" in quota.note, action
+    table = rates.table()
+    assert "| autoscaling:SetInstanceHealth | 64 | 256 | 1,024 | not confirmed |" in table
+
+
+# ------------------------------------------------- the model against the definition
+def test_the_model_counts_what_the_definition_calls(found: dict[str, dict[str, Any]]) -> None:
+    """Each loop's states and SDK calls, as the synthesized definition has them at 1,024
+    nodes: a poll of a running command, a round of the node-wait loop, a further page of IDs, a
+    ReadNodes child, an invocation's classification; and the maps' concurrency."""
+    for doc in ("Preflight", "RunTraining"):
+        poll = loop(found, f"{doc}Wait")
+        assert len(poll) == rates.POLL_STATES, poll
+        assert sdk_calls(found, poll) == [
+            "autoscaling:describeAutoScalingInstances", "ssm:listCommands",
+        ]  # fmt: skip
+        assert longest_path(found, f"{doc}Classify") == rates.CLASSIFY_STATES[doc]
+        # Every batch's child starts at once: the maps set no MaxConcurrency.
+        assert "MaxConcurrency" not in found[f"{doc}Batches"], found[f"{doc}Batches"]
+        ends = [f"{doc}{s}" for s in ("CancelRest", "Results", "Send")]
+        assert sdk_calls(found, ends) == [
+            "ssm:cancelCommand", "ssm:listCommandInvocations", "ssm:sendCommand",
+        ]  # fmt: skip
+    wait = loop(found, "WaitForNodes")
+    assert len(wait) == rates.NODE_WAIT_STATES, wait
+    assert sdk_calls(found, wait) == ["ec2:describeTags"]
+    page = ["ReadGroupPage", "AddGroupPage", "JoinGroupPage", "MoreOfGroup"]
+    assert len(page) == rates.TAG_PAGE_STATES and sdk_calls(found, page) == ["ec2:describeTags"]
+    child = list(found["ReadNodes"]["ItemProcessor"]["States"])
+    assert longest_path(found, "ReadBatchNodes") == rates.READ_CHILD_STATES, child
+    assert sdk_calls(found, child) == [
+        "autoscaling:describeAutoScalingInstances", "ec2:describeNetworkInterfaces",
+    ]  # fmt: skip
+    assert found["ReadNodes"]["MaxConcurrency"] == rates.READ_CONCURRENCY
+    assert rates.READ_CONCURRENCY == supervisor_group.READ_CONCURRENCY
+    assert sdk_calls(found, ["PreflightMarkUnhealthy"]) == ["autoscaling:setInstanceHealth"]
+
+
+def test_every_sdk_call_of_the_definition_has_a_quota(found: dict[str, dict[str, Any]]) -> None:
+    """A new SDK call in the definition must come with its quota (and a place in the model)."""
+    called = {
+        tuple(s["Resource"].removeprefix(SDK).split(":"))
+        for s in found.values()
+        if s["Type"] == "Task" and s["Resource"].startswith(SDK)
+    }
+    iam = {"sfn": "states"}
+    actions = {f"{iam.get(svc, svc)}:{act[0].upper()}{act[1:]}" for svc, act in called}
+    assert actions <= set(rates.QUOTAS), actions - set(rates.QUOTAS)
+
+
+def test_the_cli_figures_are_the_clis() -> None:
+    assert Patience().poll_interval == rates.CLI_INTERVAL
+    assert rates.MAX_LISTED == MAX_LISTED
