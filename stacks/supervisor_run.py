@@ -58,6 +58,9 @@ CAUSE_GONE = "{{}}: node gone (its instance no longer runs); {document} never en
 CAUSE_ENDED = "{{}}: {document} ended {{}}"
 #: The causes a batch reports in words; the rest it counts ("and N more nodes of this batch").
 MAX_CAUSES = 5
+#: The attempt's commands read at once when a batch cancels the others (each about 18 KB at
+#: 1,024 nodes: it carries the host list).
+OTHERS_PAGE = 5
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
                    iam_action="ssm:CancelCommand")  # fmt: skip
     cancelled = sfn.Pass(t.scope, f"{p}Cancelled", result=sfn.Result.from_boolean(True),
                          result_path="$.Cancelled")  # fmt: skip
+    others, others_end = _cancel_other_batches(t, document)
     results = t.sdk(
         f"{p}Results",
         "ssm",
@@ -311,8 +315,61 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
     send.next(wait).next(poll).next(nodes).next(alive).next(ended)
     gone.next(grace)
     grace.next(wait_grace).next(poll)
-    cancel.next(cancelled).next(wait)
+    cancel.next(others)
+    others_end.otherwise(cancelled)
+    cancelled.next(wait)
     return results
+
+
+def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State, sfn.Choice]:
+    """Once a batch cancels the rest of its command, it cancels the attempt's other batches'
+    commands too: a data-parallel job cannot go on without a rank, and on the other batches'
+    nodes nothing may end it (the ranks wait in a collective for one that is gone), so every
+    batch's child would otherwise poll its command until the leg's time limit, up to 48 hours
+    (the scale rehearsal, scripts/rehearsal/scale.py, found it at 64 nodes). The attempt's
+    commands are this document's that are still executing (one job at a time: SSM API
+    reference, ListCommands, CommandFilter ExecutionStage), read five at a time: each carries
+    the host list, 16 KB at 1,024 nodes, so a page stays near 90 KB of a task's 256 KiB
+    result. Cancelling a command that has just ended changes nothing; a refusal is not an
+    error here. Returns the first state and the last (a Choice; its default is the caller's)."""
+    p = document
+    filters = [
+        {"key": "DocumentName", "value": t.document_name(document)},
+        {"key": "ExecutionStage", "value": "Executing"},
+    ]
+
+    def page(construct_id: str, more: bool) -> sfn.TaskStateBase:
+        parameters: dict[str, Any] = {"Filters": filters, "MaxResults": OTHERS_PAGE}
+        if more:
+            parameters["NextToken"] = sfn.JsonPath.string_at("$.Others.Next[0]")
+        return t.sdk(
+            construct_id, "ssm", "listCommands", parameters, ["*"],
+            iam_action="ssm:ListCommands",
+            result_selector={
+                "Ids": sfn.JsonPath.list_at("$.Commands[*].CommandId"),
+                "Next": sfn.JsonPath.list_at("$..NextToken"),
+            },
+            result_path="$.Others",
+        )  # fmt: skip
+
+    first, more = page(f"{p}ListOtherBatches", False), page(f"{p}ListMoreBatches", True)
+    each = sfn.Map(
+        t.scope,
+        f"{p}CancelOtherBatches",
+        items_path="$.Others.Ids",
+        item_selector={"CommandId": sfn.JsonPath.string_at("$$.Map.Item.Value")},
+        result_path=sfn.JsonPath.DISCARD,
+    )
+    one = t.sdk(f"{p}CancelBatch", "ssm", "cancelCommand",
+                {"CommandId": sfn.JsonPath.string_at("$.CommandId")}, ["*"],
+                iam_action="ssm:CancelCommand")  # fmt: skip
+    one.add_catch(sfn.Pass(t.scope, f"{p}BatchEnded"), errors=["States.ALL"])
+    each.item_processor(one)
+    any_more = sfn.Choice(t.scope, f"{p}MoreBatches")
+    first.next(each).next(any_more)
+    any_more.when(sfn.Condition.is_present("$.Others.Next[0]"), more)
+    more.next(each)
+    return first, any_more
 
 
 def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:

@@ -32,7 +32,7 @@ from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import Instance
 from scripts.rehearsal.supervisor import definition as machine_definition
-from scripts.rehearsal.supervisor import jayway_json_paths, local_supervisor
+from scripts.rehearsal.supervisor import jayway_json_paths, local_supervisor, map_run_histories
 from stacks.config import MAX_NODES
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import (
@@ -552,32 +552,6 @@ class Supervisor:
 def _name(event: dict[str, Any]) -> str | None:
     details = event.get("stateEnteredEventDetails") or event.get("stateExitedEventDetails")
     return details["name"] if details else None
-
-
-@contextlib.contextmanager
-def map_run_histories() -> Iterator[list[Any]]:
-    """The event managers of the Distributed Map runs moto's interpreter starts while inside.
-    moto runs a map run's child executions with an EventManager of their own and then drops
-    it (moto/stepfunctions/parser/asl/component/state/exec/state_map/iteration/
-    distributed_iteration_component.py): on AWS each child is an execution with a history of
-    its own, listed by its map run. Recording them lets the tests read what the children did."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
-        distributed_iteration_component as distributed,
-    )
-
-    original = distributed.EventManager
-    managers: list[Any] = []
-
-    class Recorded(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            managers.append(self)
-
-    distributed.EventManager = Recorded
-    try:
-        yield managers
-    finally:
-        distributed.EventManager = original
 
 
 @contextlib.contextmanager

@@ -21,14 +21,13 @@ import pytest
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import REGION, Instance
 from scripts.rehearsal.supervisor import definition as machine_definition
-from scripts.rehearsal.supervisor import jayway_json_paths
+from scripts.rehearsal.supervisor import jayway_json_paths, map_run_histories
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import SEND_BATCH, TAG_PAGE, tag_pages
 from tests.cdk_support import Synth, synth
 from tests.test_supervisor import (
     PAYLOAD_LIMIT,
     PAYLOAD_SHARE,
-    map_run_histories,
     placeholder_refs,
 )
 

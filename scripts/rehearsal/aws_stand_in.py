@@ -29,6 +29,7 @@ import itertools
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,10 @@ class LocalCloud:
         cores_per_node: int = 1,
         node_settings: dict[str, str] | None = None,
         python: str = sys.executable,
+        instances: type[Instances] = Instances,
     ) -> None:
+        """`instances` makes the nodes: the rehearsal's (namespaces, an agent each) or the
+        scale rehearsal's simulated ones (fleet.py)."""
         self.hosts = hosts
         self.output = output.resolve()
         self.cluster_name = cluster_name
@@ -97,10 +101,12 @@ class LocalCloud:
         self.extra_outputs: dict[str, str] = {}
         self.region = REGION
         self.calls: list[str] = []
+        #: When each call came (time.monotonic()), in the order of `calls`.
+        self.call_times: list[float] = []
         #: One counter of IDs for the instances and the commands.
         ids = itertools.count(1)
         self._lock = threading.Lock()
-        self.instances = Instances(
+        self.instances = instances(
             hosts, self.output, ids, cluster_name=cluster_name, cores_per_node=cores_per_node,
             node_settings=node_settings or {}, python=python,
         )  # fmt: skip
@@ -163,6 +169,7 @@ class LocalCloud:
         operation = model.name
         params = context.get("local_params", {})
         self.calls.append(f"{service}.{operation}")
+        self.call_times.append(time.monotonic())
         handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
             self._services.get(service, self), f"_{service.replace('-', '_')}_{operation}", None
         )

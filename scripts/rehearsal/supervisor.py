@@ -164,6 +164,33 @@ def jayway_json_paths() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def map_run_histories() -> Iterator[list[Any]]:
+    """The event managers of the Distributed Map runs moto's interpreter starts while inside.
+    moto runs a map run's child executions with an EventManager of their own and then drops
+    it (moto/stepfunctions/parser/asl/component/state/exec/state_map/iteration/
+    distributed_iteration_component.py): on AWS each child is an execution with a history of
+    its own, listed by its map run. Recording them lets the rehearsals read what the children
+    did."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
+        distributed_iteration_component as distributed,
+    )
+
+    original = distributed.EventManager
+    managers: list[Any] = []
+
+    class Recorded(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            managers.append(self)
+
+    distributed.EventManager = Recorded  # type: ignore[misc]
+    try:
+        yield managers
+    finally:
+        distributed.EventManager = original  # type: ignore[misc]
+
+
+@contextlib.contextmanager
 def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[str]:
     """moto's Step Functions, with the interpreter on, holding the operations stack's state
     machine; the stand-in's stack outputs gain JobStateMachineArn. Yields the machine's ARN."""

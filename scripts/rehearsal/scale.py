@@ -1,0 +1,189 @@
+"""The scale rehearsal: one job on a simulated fleet of up to 1,024 nodes, through the same
+control plane as the rehearsal (the synthesized state machine in moto's interpreter, the real SSM
+documents and their parameter checks, the AWS stand-in) and the operator CLI, with one node
+dying mid-job; it measures what grows with the cluster.
+
+    python -m scripts.rehearsal.scale --nodes 64 256 1024
+
+Per size: the seconds from StartExecution to every node running RunTraining, and from a node's
+death to every node running it again (the retry: the supervisor's grace, the cancel, the
+hand-over, the wait for the replacement, preflight, the new SendCommands); how long `cluster.py
+status` and `cluster.py jobs` take while the job runs; the largest state payload in any
+execution (the job's and every child's) against the 256 KiB quota; the most history events in
+one execution against the 25,000 quota; and every AWS call the supervisor and the CLI made, by
+action. The nodes are simulated (scripts/rehearsal/fleet.py); the supervisor polls every second
+(PollSeconds 1), so the times measure the control plane's own work on this machine, not AWS's
+pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import itertools
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
+from scripts.rehearsal.supervisor import local_supervisor, map_run_histories, synthesize_operations
+
+#: Step Functions quotas: the largest input or output of a state (256 KiB) and the most events
+#: in one execution's history.
+PAYLOAD_LIMIT = 262_144
+HISTORY_LIMIT = 25_000
+#: The job's supervisor settings: a poll a second, and a short grace once a node has ended.
+SETTINGS = {"PollSeconds": 1, "RetryDelaySeconds": 1, "FailureGraceSeconds": 2, "MaxRetries": 1}
+CLUSTER_NAME = "scale"
+JOB_ID = "scale-rehearsal"
+
+
+@dataclass
+class ScaleReport:
+    nodes: int
+    launch_seconds: float = 0.0
+    retry_seconds: float = 0.0
+    status_seconds: float = 0.0
+    jobs_seconds: float = 0.0
+    executions: list[str] = field(default_factory=list)
+    final_status: str = ""
+    largest_payload: int = 0
+    largest_payload_state: str = ""
+    most_events: int = 0
+    most_events_execution: str = ""
+    job_events: list[int] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    notifications: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            f"{self.nodes} nodes: job {self.final_status} after {len(self.executions)} executions",
+            f"  train to every node launched: {self.launch_seconds:.1f} s",
+            f"  a node's death to every node running again: {self.retry_seconds:.1f} s",
+            f"  cluster.py status: {self.status_seconds:.1f} s, jobs: {self.jobs_seconds:.1f} s",
+            f"  largest state payload: {self.largest_payload:,} bytes in "
+            f"{self.largest_payload_state} (quota {PAYLOAD_LIMIT:,})",
+            f"  most history events in one execution: {self.most_events:,} in "
+            f"{self.most_events_execution} (quota {HISTORY_LIMIT:,}); the job's executions: "
+            f"{self.job_events}",
+            "  AWS calls: " + ", ".join(f"{a} {n}" for a, n in sorted(self.calls.items())),
+        ]
+
+
+def _history(client: Any, arn: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for page in client.get_paginator("get_execution_history").paginate(executionArn=arn):
+        events += page["events"]
+    return events
+
+
+def _payloads(events: list[dict[str, Any]]) -> Iterator[tuple[int, str]]:
+    """(bytes, state) of every state output and task result in a history."""
+    name = ""
+    for event in events:
+        entered = event.get("stateEnteredEventDetails")
+        if entered:
+            name = entered["name"]
+        for key in ("stateExitedEventDetails", "taskSucceededEventDetails"):
+            details = event.get(key)
+            if details and "output" in details:
+                yield len(details["output"].encode()), details.get("name", name)
+
+
+def _timed_cli(cloud: LocalCloud, command: str) -> float:
+    from scripts.cluster import main as cluster_main
+
+    started = time.monotonic()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = cluster_main([command, "--cluster-name", cloud.cluster_name],
+                            session=cloud.session())  # fmt: skip
+    if code != 0:
+        raise RuntimeError(f"cluster.py {command} exited {code}")
+    return time.monotonic() - started
+
+
+def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
+    """One job on `nodes` simulated nodes, one of which dies once every node runs it."""
+    report = ScaleReport(nodes)
+    template = synthesize_operations(CLUSTER_NAME, nodes)
+    hosts = SimulatedHosts(nodes)
+    with (
+        LocalCloud(hosts, output, cluster_name=CLUSTER_NAME,  # type: ignore[arg-type]
+                   instances=SimulatedInstances) as cloud,  # fmt: skip
+        local_supervisor(cloud, template) as arn,
+        map_run_histories() as children,
+    ):
+        agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
+        agents.attach(cloud)
+        client = cloud.session().client("stepfunctions")
+        first_call = len(cloud.calls)
+        started = time.monotonic()
+        execution = client.start_execution(
+            stateMachineArn=arn, name=JOB_ID, input=json.dumps({"JobId": JOB_ID, **SETTINGS})
+        )["executionArn"]
+        first = agents.wait_launched(nodes, timeout)
+        report.launch_seconds = time.monotonic() - started
+        report.status_seconds = _timed_cli(cloud, "status")
+        report.jobs_seconds = _timed_cli(cloud, "jobs")
+
+        victim = cloud.running()[nodes // 2]
+        died = time.monotonic()
+        agents.die(victim)
+        agents.wait_launched(nodes, timeout, after=first)
+        report.retry_seconds = time.monotonic() - died
+        agents.finish()
+
+        chain, deadline = [execution], time.monotonic() + timeout
+        while True:
+            described = client.describe_execution(executionArn=chain[-1])
+            if described["status"] != "RUNNING":
+                successor = json.loads(described.get("output") or "{}").get("ContinuedAs")
+                if not successor:
+                    break
+                chain.append(f"{chain[-1].rsplit(':', 1)[0]}:{successor}")
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the job still runs after {timeout} s")
+            time.sleep(0.2)
+        report.final_status = described["status"]
+        report.executions = [a.rsplit(":", 1)[1] for a in chain]
+        histories = {a.rsplit(":", 1)[1]: _history(client, a) for a in chain}
+        histories.update(
+            (f"child {n}", list(m.get_event_history())) for n, m in enumerate(children)
+        )
+        report.job_events = [len(histories[a.rsplit(":", 1)[1]]) for a in chain]
+        for name, events in histories.items():
+            if len(events) > report.most_events:
+                report.most_events, report.most_events_execution = len(events), name
+            for size, state in _payloads(events):
+                if size > report.largest_payload:
+                    report.largest_payload, report.largest_payload_state = size, state
+        report.calls = dict(Counter(itertools.islice(cloud.calls, first_call, None)))
+        report.notifications = [n["Subject"] for n in cloud.notifications]
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[64, 256, 1024])
+    args = parser.parse_args(argv)
+    for count in args.nodes:
+        if not 2 <= count <= 1024:
+            parser.error(f"--nodes {count} is not allowed: use 2 to 1024")
+    for count in args.nodes:
+        with tempfile.TemporaryDirectory(prefix="scale-rehearsal-") as folder:
+            report = rehearse(count, Path(folder))
+        print("\n".join(report.lines()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
