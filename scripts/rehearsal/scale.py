@@ -116,8 +116,12 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
     template = synthesize_operations(CLUSTER_NAME, nodes)
     hosts = SimulatedHosts(nodes)
     with (
-        LocalCloud(hosts, output, cluster_name=CLUSTER_NAME,  # type: ignore[arg-type]
-                   instances=SimulatedInstances) as cloud,  # fmt: skip
+        LocalCloud(
+            hosts,
+            output,
+            cluster_name=CLUSTER_NAME,  # type: ignore[arg-type]
+            instances=SimulatedInstances,
+        ) as cloud,  # fmt: skip
         local_supervisor(cloud, template) as arn,
         map_run_histories() as children,
     ):
