@@ -466,7 +466,6 @@ class ComputeStack(cdk.Stack):
             "FSX_MOUNT_POINT": FSX_MOUNT_POINT,
             "DATA_BUCKET": storage.data_bucket.bucket_name,
             "CHECKPOINT_BUCKET": storage.checkpoint_bucket.bucket_name,
-            "COMPILE_CACHE_BUCKET": storage.compile_cache_bucket.bucket_name,
             "COMPILE_CACHE_URL": storage.compile_cache_url,
             "TRAINING_LOG_GROUP": training_log_group.log_group_name,
             "WORKLOAD_DIR": f"{INSTALL_ROOT}/workload",

@@ -40,16 +40,34 @@ Limits, with their sources:
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html);
   this module takes 5 Gbps. gloo broadcasts along a binomial tree, ceil(log2 n) rounds for n
   processes (gloo/broadcast.cc, in pytorch/pytorch's third_party/gloo).
-- The Neuron persistent cache at an s3:// URL (NEURON_COMPILE_CACHE_URL, set by
-  scripts/node/lib.sh export_job_environment): every process that meets a graph asks the
-  cache for it ("Neuron Persistent Cache",
+- The Neuron persistent cache (NEURON_COMPILE_CACHE_URL, set by scripts/node/lib.sh
+  export_job_environment): every process that meets a graph asks the cache for it ("Neuron
+  Persistent Cache",
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuron-caching.html).
-  libneuronxla's source is not public; its CompileCache interface, as optimum-neuron's
-  CompileCacheHfProxy uses it (optimum/neuron/utils/hub_cache_utils.py: ``exists(path)``, then
-  ``download_file(path, dst)``), is taken to cost one HEAD and the GETs of boto3's download:
-  s3transfer splits a download above 8 MiB into 8 MiB ranged GETs (s3transfer/manager.py,
-  TransferConfig multipart_threshold and multipart_chunksize). NEFF_BYTES is the largest
-  model.neff in aws-neuron/optimum-neuron-cache's listing of a BERT-sized module (17.5 MB).
+  The cache is /fsx/neuron-compile-cache, linked to the compile-cache bucket's prefix by a data
+  repository association (stacks/storage.py), so the ranks ask the file system, not S3.
+  libneuronxla's source is not public; a look-up in a local cache (its CompileCacheFs) is
+  taken to cost, per process, an open of the entry's lock file, an flock taken and released on
+  it (the ``model.hlo_module.pb.lock`` in each MODULE_<hash> entry of aws-neuron/
+  optimum-neuron-cache's listing and of optimum-neuron's cache guide) and an open of
+  model.neff: COMPILE_CACHE_RANK_OPS metadata operations, upper bound; and per node the first
+  look-up of the entry's names (COMPILE_CACHE_LOOKUPS). The NEFF's bytes go once to each node
+  (its page cache serves the node's ranks), from the file server's memory cache after the first
+  read ("When a client accesses data that's stored in the in-memory or SSD cache, the file
+  server doesn't need to read it from disk", FSx for Lustre user guide, "How FSx for Lustre
+  file systems work", https://docs.aws.amazon.com/fsx/latest/LustreGuide/performance.html): at
+  the network throughput baseline, 640 MB/s per TiB at 250 MB/s/TiB. What reaches S3 goes
+  through the association, once per file, whatever the number of ranks: a file the file
+  system lacks is loaded from S3 on its first read ("lazy load"), a new one exported after it
+  is written ("Linking your file system to an S3 bucket",
+  https://docs.aws.amazon.com/fsx/latest/LustreGuide/create-dra-linked-data-repo.html), taken
+  as s3transfer's requests: one per small file, one per 8 MiB part (s3transfer/manager.py,
+  TransferConfig multipart_threshold and multipart_chunksize). Before, with
+  NEURON_COMPILE_CACHE_URL=s3://..., every process asked S3 itself: one HEAD and the GETs of
+  the NEFF (optimum-neuron's CompileCacheHfProxy uses libneuronxla's CompileCache as
+  ``exists(path)`` then ``download_file(path, dst)``, optimum/neuron/utils/hub_cache_utils.py),
+  HERDS["compile cache look-up (per graph)"]. NEFF_BYTES is the largest model.neff in
+  aws-neuron/optimum-neuron-cache's listing of a BERT-sized module (17.5 MB).
 
 The start budget: each access must be served within START_BUDGET_S at these limits (at 1,024
 nodes a minute of start costs 17 node-hours), and an S3 access must stay within the prefix's
@@ -72,6 +90,8 @@ S3_PUT_PER_SECOND = 3_500  # PUT/COPY/POST/DELETE per partitioned prefix
 S3_PART_BYTES = 8 * 2**20  # s3transfer's multipart threshold and chunk size
 FSX_STORAGE_GIB = 1_200  # stacks/config.py FSX_MIN_GIB, the default fsx_storage_gib
 FSX_THROUGHPUT_PER_TIB = 250  # MB/s per TiB: stacks/config.py's default fsx_throughput_per_tib
+#: Network throughput baseline per TiB for each PERSISTENT_2 SSD throughput tier (MB/s/TiB).
+FSX_NETWORK_PER_TIB = {125: 320, 250: 640, 500: 1_300, 1_000: 2_600}
 FSX_METADATA_IOPS = 1_500  # the smallest SSD Metadata IOPS (no metadata configuration set)
 FSX_METADATA_IOPS_VALUES = (1_500, 3_000, 6_000, *range(12_000, 192_001, 12_000))
 FLOW_BYTES_PER_SECOND = 5e9 / 8  # one TCP flow: 5 Gbps
@@ -95,6 +115,15 @@ TOKEN_CACHE_BYTES = 4_000_000 * (128 * 4 + 128 + 4 + 8)
 #: TokenizedSplit: meta.json and four memory-mapped arrays each).
 TOKEN_CACHE_OPENS = 2 * (1 + 4)
 NEFF_BYTES = 17_500_000
+#: Files of a compile-cache entry besides model.neff: model.hlo_module.pb, compile_flags.json,
+#: model.done (optimum-neuron's cache guide, "Directory Layout").
+COMPILE_CACHE_SMALL_FILES = 3
+#: Names a node's client looks up once per entry: the compiler's version directory, the
+#: MODULE_<hash> directory, model.neff, model.done, model.log, model.hlo_module.pb.lock.
+COMPILE_CACHE_LOOKUPS = 6
+#: Metadata operations of one process per entry: open the lock file, flock and unlock it,
+#: open model.neff.
+COMPILE_CACHE_RANK_OPS = 4
 #: Files of a checkpoint (model.safetensors, config.json, the tokenizer's, trainer_state.pt,
 #: train_config.yaml): what the data repository association exports to S3 after a save.
 CHECKPOINT_FILES = 8
@@ -105,6 +134,12 @@ ONE, PER_NODE, PER_RANK = "rank 0", "each node's local rank 0", "every rank"
 def fsx_read_bytes_per_second(storage_gib: int = FSX_STORAGE_GIB) -> float:
     """The file system's disk throughput, baseline (bytes a second)."""
     return storage_gib / 1024 * FSX_THROUGHPUT_PER_TIB * 1e6
+
+
+def fsx_network_bytes_per_second(storage_gib: int = FSX_STORAGE_GIB) -> float:
+    """The file system's network throughput, baseline (bytes a second): what the file server
+    sends from its memory cache."""
+    return storage_gib / 1024 * FSX_NETWORK_PER_TIB[FSX_THROUGHPUT_PER_TIB] * 1e6
 
 
 def tree_seconds(payload: int, processes: int) -> float:
@@ -140,7 +175,38 @@ def _metadata(ops: float, iops: int) -> Figure:
 
 
 def compile_cache_lookup(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
-    """Every process asks the S3 cache for each graph as it meets it, all at once."""
+    """Every process looks each graph up in the cache on /fsx as it meets it, all at once:
+    its own opens and flocks; the names once a node."""
+    ops = nodes * COMPILE_CACHE_LOOKUPS + count(PER_RANK, nodes, ranks) * COMPILE_CACHE_RANK_OPS
+    return _metadata(ops, iops)
+
+
+def compile_cache_read(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """Each node reads a graph's NEFF once (its page cache serves its ranks), from the file
+    server's memory."""
+    return Figure(nodes * NEFF_BYTES / fsx_network_bytes_per_second(), START_BUDGET_S, "s")
+
+
+def _compile_cache_requests() -> int:
+    """S3 requests for one entry's files: one per small file, one per part of the NEFF."""
+    return COMPILE_CACHE_SMALL_FILES + math.ceil(NEFF_BYTES / S3_PART_BYTES)
+
+
+def compile_cache_import(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """An entry the file system lacks (a new file system's) is loaded from S3 by the data
+    repository association on its first read, once, whatever the number of ranks."""
+    return Figure(_compile_cache_requests(), S3_GET_PER_SECOND, "requests/s")
+
+
+def compile_cache_export(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """A newly compiled entry goes to S3 through the association (its lock file's creation
+    and deletion too)."""
+    return Figure(_compile_cache_requests() + 2, S3_PUT_PER_SECOND, "requests/s")
+
+
+def compile_cache_s3_lookup(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
+    """Before: NEURON_COMPILE_CACHE_URL=s3://..., every process asked S3 for each graph (one
+    HEAD, then the NEFF's GETs), all at once."""
     requests = 1 + math.ceil(NEFF_BYTES / S3_PART_BYTES)
     return Figure(count(PER_RANK, nodes, ranks) * requests, S3_GET_PER_SECOND, "requests/s")
 
@@ -223,7 +289,14 @@ def data_dir(nodes: int, ranks: int, iops: int = FSX_METADATA_IOPS) -> Figure:
 
 #: Every start- and save-time access of the project, as the code makes it now.
 ACCESSES = (
-    Access("compile cache look-up (per graph)", PER_RANK, "S3 GET/HEAD", compile_cache_lookup),
+    Access("compile cache look-up (per graph)", PER_RANK, "FSx metadata", compile_cache_lookup),
+    Access(
+        "compile cache read (per graph)", PER_NODE, "FSx read (server cache)", compile_cache_read
+    ),
+    Access("compile cache import (per graph)", ONE, "S3 GET (association)", compile_cache_import),
+    Access(
+        "compile cache export (per new graph)", ONE, "S3 PUT (association)", compile_cache_export
+    ),
     Access("data directory", PER_NODE, "FSx metadata", data_dir),
     Access("tokenizer", ONE, "FSx metadata + gloo", tokenizer),
     Access("token cache fill", ONE, "FSx write", token_cache_fill),
@@ -238,6 +311,7 @@ ACCESSES = (
 
 #: The same accesses as the code made them before they were shared: the herds.
 HERDS = {
+    "compile cache look-up (per graph)": compile_cache_s3_lookup,
     "tokenizer": lambda n, r, i=FSX_METADATA_IOPS: tokenizer(n, r, i, who=PER_RANK),
     "token cache fill": lambda n, r, i=FSX_METADATA_IOPS: token_cache_fill(n, r, i, who=PER_NODE),
     "resume: model weights": lambda n, r, i=FSX_METADATA_IOPS: resume_weights(

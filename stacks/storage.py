@@ -7,7 +7,11 @@ expires old entries because the Neuron compiler never cleans its cache itself.
 
 FSx for Lustre is the nodes' shared /fsx. Data repository associations link /fsx/data to the
 data bucket and /fsx/jobs to the checkpoint bucket, so checkpoints written under /fsx/jobs reach
-S3 with no extra code, and a new file system sees the jobs of an old one.
+S3 with no extra code, and a new file system sees the jobs of an old one. A third links
+/fsx/neuron-compile-cache to the compile-cache bucket's prefix: the jobs' Neuron persistent cache
+is that directory, so each node's Lustre client serves its ranks' look-ups and S3 holds only the
+durable copy, reached by the file system (an import per file, an export per new file), never by
+the ranks (stacks/start_limits.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ COMPILE_CACHE_PREFIX = "neuron-compile-cache/"
 FSX_MOUNT_POINT = "/fsx"
 DATA_PATH = "/data"  # /fsx/data on the nodes
 JOBS_PATH = "/jobs"  # /fsx/jobs on the nodes
+COMPILE_CACHE_PATH = "/neuron-compile-cache"  # /fsx/neuron-compile-cache on the nodes
 LUSTRE_VERSION = "2.15"
 
 
@@ -91,7 +96,10 @@ class ClusterBuckets(Construct):
             noncurrent_days=14,
             removal=removal,
         )
-        # A cache: rebuilt by compiling again, so neither versioned nor kept on destroy.
+        # A cache: rebuilt by compiling again, so neither versioned nor kept on destroy. The
+        # nodes never use it directly: it is the durable copy behind /fsx/neuron-compile-cache
+        # (LustreFileSystem's CompileCacheRepositoryAssociation). Its expiry bounds what S3
+        # keeps: the Neuron compiler never deletes an entry.
         self.compile_cache_bucket = self._bucket(
             "CompileCacheBucket",
             config=config,
@@ -187,7 +195,8 @@ def _metadata_configuration(
 
 
 class LustreFileSystem(Construct):
-    """FSx for Lustre PERSISTENT_2 with LZ4, linked to the data and checkpoint buckets."""
+    """FSx for Lustre PERSISTENT_2 with LZ4, linked to the data, checkpoint and compile-cache
+    buckets."""
 
     def __init__(
         self,
@@ -199,6 +208,7 @@ class LustreFileSystem(Construct):
         security_group: ec2.ISecurityGroup,
         data_bucket: s3.IBucket,
         checkpoint_bucket: s3.IBucket,
+        compile_cache_bucket: s3.IBucket,
     ) -> None:
         super().__init__(scope, construct_id)
         self.key = kms.Key(
@@ -249,20 +259,52 @@ class LustreFileSystem(Construct):
             bucket=checkpoint_bucket,
             export_events=["NEW", "CHANGED", "DELETED"],
         )
+        # The Neuron persistent cache of every job (NEURON_COMPILE_CACHE_URL, the nodes'
+        # /fsx/neuron-compile-cache: compile_cache_url). A local directory is the cache's own
+        # kind of URL, and the default one (/var/tmp/neuron-compile-cache): the cache is
+        # "on-disk", an s3:// URL the one other kind ("Neuron Persistent Cache", AWS Neuron
+        # documentation). Many processes share it by locking each entry while one compiles it
+        # (the model.hlo_module.pb.lock beside model.neff in each MODULE_<hash> directory of the
+        # cache, as aws-neuron/optimum-neuron-cache's listing and optimum-neuron's cache guide
+        # show): across nodes that takes locks coherent on every client, which Lustre gives
+        # with the `flock` mount option only ("-o flock: locks are coherent across all
+        # clients", Lustre Operations Manual, Flock Feature), as scripts/node/bootstrap.sh
+        # mounts /fsx. New entries flow out to S3 (deletions too: a failed entry removed on
+        # /fsx, or a stale lock, must not come back into a new file system); entries in S3
+        # that the file system lacks (a new file system's, or another cluster's) are imported
+        # as metadata, their contents loaded from S3 once, on the first read.
+        self.compile_cache_association = self._associate(
+            "CompileCacheRepositoryAssociation",
+            path=COMPILE_CACHE_PATH,
+            bucket=compile_cache_bucket,
+            prefix=COMPILE_CACHE_PREFIX,
+            export_events=["NEW", "CHANGED", "DELETED"],
+        )
         # One after the other: FSx can fail associations created on one file system at the same
         # time ("does not have the required permissions for the S3 bucket").
         self.jobs_association.add_resource_dependency(self.data_association)
+        self.compile_cache_association.add_resource_dependency(self.jobs_association)
+        #: What outlives the stack: the `export` command exports these before a destroy. The
+        #: compile cache's bucket goes with the stack, so exporting it then would be for nothing.
         self.associations = [self.data_association, self.jobs_association]
 
     def _associate(
-        self, construct_id: str, *, path: str, bucket: s3.IBucket, export_events: list[str]
+        self,
+        construct_id: str,
+        *,
+        path: str,
+        bucket: s3.IBucket,
+        export_events: list[str],
+        prefix: str = "",
     ) -> fsx.CfnDataRepositoryAssociation:
+        # DataRepositoryPath: "an S3 bucket or prefix in the format s3://bucket-name/prefix/
+        # (where prefix is optional)" (FSx API Reference, DataRepositoryAssociation).
         return fsx.CfnDataRepositoryAssociation(
             self,
             construct_id,
             file_system_id=self.file_system.ref,
             file_system_path=path,
-            data_repository_path=f"s3://{bucket.bucket_name}",
+            data_repository_path=f"s3://{bucket.bucket_name}" + (f"/{prefix}" if prefix else ""),
             batch_import_meta_data_on_create=True,
             s3=fsx.CfnDataRepositoryAssociation.S3Property(
                 auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
@@ -302,6 +344,7 @@ class StorageStack(cdk.Stack):
             security_group=fsx_security_group,
             data_bucket=self.data_bucket,
             checkpoint_bucket=self.checkpoint_bucket,
+            compile_cache_bucket=self.compile_cache_bucket,
         )
         self.file_system = lustre.file_system
         #: The file-system paths linked to S3 (/data, /jobs; on the nodes under /fsx), relative
@@ -311,22 +354,18 @@ class StorageStack(cdk.Stack):
 
     def _node_access_policy(self, config: ClusterConfig) -> iam.ManagedPolicy:
         """What the training nodes may do with the buckets: read data, read and write
-        checkpoints and the compile cache. The compute stack attaches it to the node role."""
-        cache_objects = f"{COMPILE_CACHE_PREFIX}*"
+        checkpoints. The compute stack attaches it to the node role. The compile-cache bucket
+        is not in it: the nodes reach the cache through /fsx, and only FSx (the association,
+        with its own service-linked role) reads and writes the bucket."""
         policy = iam.ManagedPolicy(
             self,
             "NodeAccessPolicy",
-            description=f"{config.cluster_name} nodes: read data, read/write checkpoints and "
-            "the Neuron compile cache",
+            description=f"{config.cluster_name} nodes: read data, read/write checkpoints",
             statements=[
                 iam.PolicyStatement(
                     sid="ListClusterBuckets",
                     actions=["s3:ListBucket", "s3:GetBucketLocation"],
-                    resources=[
-                        self.data_bucket.bucket_arn,
-                        self.checkpoint_bucket.bucket_arn,
-                        self.compile_cache_bucket.bucket_arn,
-                    ],
+                    resources=[self.data_bucket.bucket_arn, self.checkpoint_bucket.bucket_arn],
                 ),
                 iam.PolicyStatement(
                     sid="ReadTrainingData",
@@ -343,30 +382,22 @@ class StorageStack(cdk.Stack):
                     ],
                     resources=[self.checkpoint_bucket.arn_for_objects("*")],
                 ),
-                iam.PolicyStatement(
-                    sid="ReadWriteCompileCache",
-                    actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
-                    resources=[self.compile_cache_bucket.arn_for_objects(cache_objects)],
-                ),
             ],
         )
         reasons = {
-            (self.data_bucket, "*"): "Nodes read any object of this cluster's data bucket: "
+            self.data_bucket: "Nodes read any object of this cluster's data bucket: "
             "training data sets are chosen per job.",
-            (self.checkpoint_bucket, "*"): "Nodes write and prune checkpoints of any job in "
+            self.checkpoint_bucket: "Nodes write and prune checkpoints of any job in "
             "this cluster's checkpoint bucket; job IDs are chosen at run time.",
-            (self.compile_cache_bucket, cache_objects): "The Neuron compiler reads and writes "
-            "cache entries named by graph hash, under the cache prefix only.",
         }
-        for (bucket, objects), reason in reasons.items():
+        for bucket, reason in reasons.items():
             cfn_bucket = bucket.node.default_child
             assert isinstance(cfn_bucket, s3.CfnBucket)
             logical_id = self.get_logical_id(cfn_bucket)
-            acknowledge(
-                policy, f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>/{objects}]", reason
-            )
+            acknowledge(policy, f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>/*]", reason)
         return policy
 
     @property
     def compile_cache_url(self) -> str:
-        return f"s3://{self.compile_cache_bucket.bucket_name}/{COMPILE_CACHE_PREFIX}"
+        """NEURON_COMPILE_CACHE_URL on the nodes: the compile cache's directory on /fsx."""
+        return f"{FSX_MOUNT_POINT}{COMPILE_CACHE_PATH}"

@@ -274,6 +274,8 @@ def bootstrap_node(node: FakeNode, *, instance_store: int = 4) -> None:
         METRICS_NAMESPACE="TrainiumCluster/trainium", NEURON_VENV=str(node.root / "neuron-venv"),
         SOFTWARE_VERSION="0123456789abcdef", INTERNET_EGRESS="nat",
         LIFECYCLE_HOOK_NAME="trainium-launch", SCRATCH_DIR=str(node.root / "scratch"),
+        # As the compute stack writes it: the cache's directory on the shared file system.
+        COMPILE_CACHE_URL=f"{node.fsx}/neuron-compile-cache",
     )  # fmt: skip
     node.write_env()
     (node.state / "ready").unlink()
@@ -414,9 +416,10 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
     ]
     assert "numpy 2.2.6 is installed, 2.4.6 is pinned: keeping 2.2.6" in first.stdout
     assert (
-        'NEURON_COMPILE_CACHE_URL="s3://cache-bucket/neuron-compile-cache/"'
+        f'NEURON_COMPILE_CACHE_URL="{node.fsx}/neuron-compile-cache"'
         in (node.root / "profile.d" / "trainium-cluster.sh").read_text()
     )
+    assert (node.fsx / "neuron-compile-cache").is_dir()
     config = json.loads((node.root / "cwagent" / "etc" / "trainium-cluster.json").read_text())
     files = config["logs"]["logs_collected"]["files"]["collect_list"]
     assert {f["log_group_name"] for f in files} == {"/trainium/training"}
@@ -733,6 +736,64 @@ def test_bootstrap_refuses_an_unknown_egress_mode(node: FakeNode) -> None:
     assert error_lines(result) == [
         f"INTERNET_EGRESS 'proxy' in {node.env_file} is not allowed: use nat or endpoints"
     ]
+
+
+# ------------------------------------------------------------------ compile cache
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/var/tmp/neuron-compile-cache",  # the Neuron default: each node compiles alone
+        "{fsx}/../neuron-compile-cache",  # beside the mount point, not on it
+        "{fsx}",  # the file system's root: the association's directory is below it
+        "{root}/elsewhere",  # a link on /fsx to a local directory
+    ],
+)
+def test_a_compile_cache_off_the_shared_file_system_is_refused(node: FakeNode, url: str) -> None:
+    """Every rank of every node must find the same entries and lock them on one file system
+    (Lustre's flock mount option makes the locks coherent across nodes)."""
+    bootstrap_node(node)
+    if url == "{root}/elsewhere":
+        node.fsx.mkdir()
+        (node.root / "elsewhere").mkdir()
+        (node.fsx / "neuron-compile-cache").symlink_to(node.root / "elsewhere")
+        url = "{fsx}/neuron-compile-cache"
+    node.settings["COMPILE_CACHE_URL"] = url.format(fsx=node.fsx, root=node.root)
+    node.write_env()
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"COMPILE_CACHE_URL '{node.settings['COMPILE_CACHE_URL']}' in {node.env_file} is not on "
+        f"the mounted shared file system: use a directory under {node.fsx}"
+    ]
+    assert not (node.state / "ready").exists()
+
+
+def test_a_relative_compile_cache_is_refused(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.settings["COMPILE_CACHE_URL"] = "neuron-compile-cache"
+    node.write_env()
+    result = run_bootstrap(node)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"COMPILE_CACHE_URL 'neuron-compile-cache' in {node.env_file} is not allowed: use a "
+        f"directory under {node.fsx} (or an s3:// URL)"
+    ]
+
+
+def test_a_compile_cache_in_s3_still_works_but_is_warned_about(node: FakeNode) -> None:
+    bootstrap_node(node)
+    node.settings["COMPILE_CACHE_URL"] = "s3://cache-bucket/neuron-compile-cache/"
+    node.write_env()
+    result = run_bootstrap(node)
+    assert result.returncode == 0, output(result)
+    assert (
+        "warning: COMPILE_CACHE_URL s3://cache-bucket/neuron-compile-cache/ is in S3: every "
+        "rank of a job asks S3 for each graph" in result.stdout
+    )
+    assert (
+        'NEURON_COMPILE_CACHE_URL="s3://cache-bucket/neuron-compile-cache/"'
+        in (node.root / "profile.d" / "trainium-cluster.sh").read_text()
+    )
 
 
 # ------------------------------------------------------------------ CloudWatch agent

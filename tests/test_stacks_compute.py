@@ -30,7 +30,6 @@ CLUSTER_ENV_KEYS = (
     "FSX_MOUNT_POINT",
     "DATA_BUCKET",
     "CHECKPOINT_BUCKET",
-    "COMPILE_CACHE_BUCKET",
     "COMPILE_CACHE_URL",
     "TRAINING_LOG_GROUP",
     "WORKLOAD_DIR",
@@ -332,8 +331,10 @@ def test_user_data_only_unpacks_writes_env_and_bootstraps(default: Synth) -> Non
     assert env["FSX_MOUNT_POINT"] == "/fsx"
     assert env["WORKLOAD_DIR"] == "/opt/trainium-cluster/workload"
     assert env["NEURON_VENV"] == "/opt/aws_neuronx_venv_pytorch_2_9"
-    assert env["COMPILE_CACHE_URL"].startswith("s3://")
-    assert env["COMPILE_CACHE_URL"].endswith("/neuron-compile-cache/")
+    # The compile cache is a directory on the shared file system (linked to its bucket by a
+    # data repository association): the nodes never ask S3 for it, and are not told the bucket.
+    assert env["COMPILE_CACHE_URL"] == "/fsx/neuron-compile-cache"
+    assert "COMPILE_CACHE_BUCKET" not in env
     assert lines[-1] == (
         "bash /opt/trainium-cluster/scripts/node/bootstrap.sh "
         "--env-file /etc/trainium-cluster/cluster.env"

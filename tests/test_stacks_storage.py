@@ -113,13 +113,15 @@ def test_lustre_is_persistent_2_lz4_encrypted_in_the_cluster_subnet(default: Syn
     assert "ClusterSubnet" in flatten(props["SubnetIds"][0])
 
 
-def test_data_repository_associations_link_data_and_jobs(default: Synth) -> None:
+def test_data_repository_associations_link_data_jobs_and_the_compile_cache(
+    default: Synth,
+) -> None:
     template = default.templates["storage"]
     links = {
         r["Properties"]["FileSystemPath"]: r["Properties"]
         for r in resources(template, "AWS::FSx::DataRepositoryAssociation").values()
     }
-    assert set(links) == {"/data", "/jobs"}
+    assert set(links) == {"/data", "/jobs", "/neuron-compile-cache"}
     assert flatten(links["/data"]["DataRepositoryPath"]) == (
         's3://{"Ref": "' + _bucket_id(template, "DataBucket") + '"}'
     )
@@ -129,9 +131,20 @@ def test_data_repository_associations_link_data_and_jobs(default: Synth) -> None
     # Checkpoints reach S3 as they are written, deletions included (versioning keeps them).
     assert links["/jobs"]["S3"]["AutoExportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
     assert "DELETED" not in links["/data"]["S3"]["AutoExportPolicy"]["Events"]
+    # The compile cache: the bucket's cache prefix (the one its lifecycle rule expires), a
+    # bucket-or-prefix path as the FSx API takes it ("s3://bucket-name/prefix/").
+    cache = links["/neuron-compile-cache"]
+    assert flatten(cache["DataRepositoryPath"]) == (
+        's3://{"Ref": "' + _bucket_id(template, "CompileCacheBucket") + '"}/neuron-compile-cache/'
+    )
+    # New entries go to S3, a removed (failed) entry or a stale lock leaves it too; S3's
+    # entries come in as metadata at creation and on change, their contents on first read.
+    assert cache["S3"]["AutoExportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
+    assert cache["S3"]["AutoImportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
+    assert cache["BatchImportMetaDataOnCreate"] is True
 
 
-def test_node_access_policy_names_each_bucket(default: Synth) -> None:
+def test_node_access_policy_names_each_bucket_the_nodes_use(default: Synth) -> None:
     template = default.templates["storage"]
     policy = only_resource(template, "AWS::IAM::ManagedPolicy")
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
@@ -141,11 +154,11 @@ def test_node_access_policy_names_each_bucket(default: Synth) -> None:
     assert flatten(statements["ReadTrainingData"]["Resource"]) == (_arn(data) + "/*")
     assert statements["ReadTrainingData"]["Action"] == "s3:GetObject"
     assert flatten(statements["ReadWriteCheckpoints"]["Resource"]) == (_arn(checkpoints) + "/*")
-    assert flatten(statements["ReadWriteCompileCache"]["Resource"]) == (
-        _arn(cache) + "/neuron-compile-cache/*"
-    )
     for statement in statements.values():
         assert statement["Resource"] != "*"
+    # The nodes reach the compile cache through /fsx only: no statement names its bucket.
+    assert set(statements) == {"ListClusterBuckets", "ReadTrainingData", "ReadWriteCheckpoints"}
+    assert cache not in json.dumps(policy)
 
 
 def _creation_order(template: dict[str, Any], logical_ids: list[str]) -> list[list[str]]:
@@ -180,7 +193,7 @@ def test_data_repository_associations_are_created_one_after_the_other(which: str
     waves = _creation_order(template, associations)
     assert [len(wave) for wave in waves] == [1] * len(associations), waves
     paths = [template["Resources"][w[0]]["Properties"]["FileSystemPath"] for w in waves]
-    assert paths == ["/data", "/jobs"]
+    assert paths == ["/data", "/jobs", "/neuron-compile-cache"]
 
 
 def test_metadata_iops_are_provisioned_for_the_opens_of_a_large_cluster(default: Synth) -> None:

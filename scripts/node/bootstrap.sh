@@ -21,7 +21,8 @@
 #   python          the workload venv layered on the Neuron venv (see requirements_diff.py):
 #                   only what the Neuron venv lacks is installed, never over its packages
 #   workload        the workload asset is unpacked at WORKLOAD_DIR
-#   compile-cache   point the Neuron persistent compile cache at COMPILE_CACHE_URL
+#   compile-cache   point the Neuron persistent compile cache at COMPILE_CACHE_URL, a directory
+#                   on the mounted /fsx (refused elsewhere; an s3:// URL is warned about)
 #   monitoring      CloudWatch agent (signature checked before install) and neuron-monitor
 #                   metrics through an interpreter that has boto3
 #   lifecycle       BootstrapFailures 0 and the launch lifecycle hook completed with CONTINUE
@@ -666,7 +667,25 @@ phase_workload() {
 }
 
 phase_compile_cache() {
-  local content
+  local content cache mount
+  # The cache is a directory on the shared file system (the storage stack links it to the
+  # compile-cache bucket): the node's Lustre client serves its ranks' look-ups, and the
+  # entries' lock files are coherent across nodes because phase_fsx mounts with `flock`.
+  # Anywhere else each node would compile alone, or every rank ask S3 (stacks/start_limits.py).
+  case $COMPILE_CACHE_URL in
+    s3://*)
+      log "warning: COMPILE_CACHE_URL $COMPILE_CACHE_URL is in S3: every rank of a job asks S3 for each graph, over the prefix's 5,500 GET/s from 43 nodes; use a directory under $FSX_MOUNT_POINT"
+      ;;
+    /*)
+      cache=$(realpath -m -- "$COMPILE_CACHE_URL")
+      mount=$(realpath -m -- "$FSX_MOUNT_POINT")
+      if [[ $cache != "$mount"/?* ]] || ! mountpoint -q "$FSX_MOUNT_POINT"; then
+        die "COMPILE_CACHE_URL '$COMPILE_CACHE_URL' in $ENV_FILE is not on the mounted shared file system: use a directory under $FSX_MOUNT_POINT"
+      fi
+      mkdir -p "$cache"
+      ;;
+    *) die "COMPILE_CACHE_URL '$COMPILE_CACHE_URL' in $ENV_FILE is not allowed: use a directory under $FSX_MOUNT_POINT (or an s3:// URL)" ;;
+  esac
   content="# Written by trainium-cluster bootstrap.sh: shared Neuron compile cache.
 export NEURON_COMPILE_CACHE_URL=\"$COMPILE_CACHE_URL\""
   if install_if_changed "$PROFILE_DIR/trainium-cluster.sh" "$content"; then

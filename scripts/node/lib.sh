@@ -297,6 +297,8 @@ export_job_environment() {
     # cast on top, and train.py refuses any --auto-cast but none. Override the whole
     # string through the environment or cluster.env.
     export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type=transformer --auto-cast=none --optlevel=2}"
+    # The shared Neuron persistent cache: a directory on /fsx (bootstrap.sh checks it is on
+    # the mounted file system), which the file system links to the compile-cache bucket.
     if [[ -n ${COMPILE_CACHE_URL:-} ]]; then
       export NEURON_COMPILE_CACHE_URL="${NEURON_COMPILE_CACHE_URL:-$COMPILE_CACHE_URL}"
     fi

@@ -7,7 +7,8 @@
 #
 # Runs the job exactly as launch.sh would, for --steps steps, under neuron_parallel_compile:
 # the trial run only extracts the XLA graphs, then compiles them in parallel into the
-# compile cache (NEURON_COMPILE_CACHE_URL, shared by all nodes), so that the real run of
+# compile cache (NEURON_COMPILE_CACHE_URL: /fsx/neuron-compile-cache, shared by all nodes,
+# which the file system exports to the compile-cache bucket), so that the real run of
 # the job finds its graphs compiled. The trial run writes to a node-local scratch directory,
 # never to the job's own output, whose checkpoints it would otherwise spoil. The node's copy
 # of the output goes to /var/log/trainium-cluster/precompile/<job-id>.log, beside (not among)
