@@ -306,7 +306,14 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
             ),
         ),
         results,
-    ).when(sfn.Condition.is_present("$.Cancelled"), wait).when(
+    ).when(
+        # Cancelled by this child, or by another batch's (_cancel_other_batches): wait for it.
+        sfn.Condition.or_(
+            sfn.Condition.is_present("$.Cancelled"),
+            sfn.Condition.string_equals("$.Poll.Command.Status", "Cancelling"),
+        ),
+        wait,
+    ).when(
         sfn.Condition.and_(
             sfn.Condition.is_present("$.Grace"), sfn.Condition.or_(node_ended, node_gone)
         ),

@@ -88,7 +88,7 @@ class FakeNode:
             "INSTANCE_TYPE": "trn1.32xlarge",
             "NODE_COUNT": "2",
             "FSX_MOUNT_POINT": str(self.fsx),
-            "COMPILE_CACHE_URL": "s3://cache-bucket/neuron-compile-cache/",
+            "COMPILE_CACHE_URL": f"{self.fsx}/neuron-compile-cache",
             "WORKLOAD_DIR": str(self.workload),
             "NEURON_VENV": str(root / "no-venv"),
         }

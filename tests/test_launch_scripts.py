@@ -147,7 +147,7 @@ def test_launch_on_trainium_sets_the_efa_and_neuron_environment(node: FakeNode) 
     assert env["FI_EFA_FORK_SAFE"] == "1"
     assert env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:41001"
     assert env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"
-    assert env["NEURON_COMPILE_CACHE_URL"] == "s3://cache-bucket/neuron-compile-cache/"
+    assert env["NEURON_COMPILE_CACHE_URL"] == f"{node.fsx}/neuron-compile-cache"
     assert env["MALLOC_ARENA_MAX"] == "64"
     assert env["CCOM_SOCKET_IFNAME"] == "ens5"
     flags = env["NEURON_CC_FLAGS"].split()

@@ -215,6 +215,11 @@ def as_rank(*args, **kwargs):
     return backend
 
 backend_module._setup_xla = as_rank
+# One process stands for the rank: what rank 0 reads or makes once and broadcasts (the data
+# directory, the tokenizer, the token cache, a resumed state), it reads itself. The sharing
+# itself is tested with real ranks (tests/test_start_limits.py).
+train.read_once = lambda backend, read: read()
+train.main_then_nodes = lambda backend, make, reuse, follower: make()
 sys.exit(train.main())
 """
 

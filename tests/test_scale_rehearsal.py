@@ -1,0 +1,89 @@
+"""The scale rehearsal (scripts/rehearsal/scale.py) at 1,024 nodes, and the node scripts' own
+part of a 1,024-node job.
+
+The rehearsal runs one job through the synthesized 1,024-node state machine, the real SSM
+documents and the operator CLI on 1,024 simulated nodes, one of which dies once every node
+trains: the retry must cancel every batch's command (not only the dead node's batch), wait for
+the replacement, preflight and relaunch all 1,024, and the job must finish, with every payload
+and history far below Step Functions' quotas.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scripts.rehearsal.scale import HISTORY_LIMIT, PAYLOAD_LIMIT, rehearse
+from stacks.supervisor_limits import batches
+from tests.node_support import FakeNode, document_command
+
+NODES = 1024
+#: Ranks a node in the test below: 1,024 x 16 + 1,024 descriptors fit under a hard limit of
+#: 20,000 as well as under the agent's 524,288 (systemd's DefaultLimitNOFILE=1024:524288).
+RANKS = 16
+
+
+def _hosts(count: int) -> list[str]:
+    """`count` addresses of the longest form (15 characters)."""
+    return [f"172.{100 + n // 10_000}.{100 + n // 100 % 100}.{100 + n % 100}" for n in range(count)]
+
+
+@pytest.mark.parametrize("rank", [0, 511, NODES - 1])
+def test_a_node_of_a_1024_node_job_finds_its_rank_and_raises_its_open_file_limit(
+    tmp_path: Path, rank: int
+) -> None:
+    """RunTraining's command line with 1,024 hosts (16,383 characters, the document's Hosts
+    maxChars), run as the agent runs it (`sh -c`, soft RLIMIT_NOFILE 1024, the hard limit
+    this machine allows): launch.sh finds the node's rank in the host list, starts torchrun
+    for 1,024 nodes with the first host as master, and raises the soft limit to the hard one
+    for RANKS ranks a node, or refuses in one line where the hard limit is too low."""
+    node = FakeNode(tmp_path)
+    node.trainium()
+    hosts = _hosts(NODES)
+    joined = ",".join(hosts)
+    assert len(joined) == 16_383
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    values = {"Hosts": joined, "JobId": "scale", "NprocPerNode": str(RANKS)}
+    result = subprocess.run(
+        ["sh", "-c", document_command("RunTraining", values)],
+        capture_output=True, text=True, timeout=120, check=False,
+        env=node.env(FAKE_ADDRESS=hosts[rank]),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard)),
+    )  # fmt: skip
+    needed = NODES * RANKS + 1024
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        assert result.returncode == 1
+        assert f"the open-file hard limit is {hard}, below the {needed}" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr[-2000:]
+    args = node.torchrun_args()
+    assert args[:10] == [
+        "--nnodes", str(NODES), "--node_rank", str(rank), "--master_addr", hosts[0],
+        "--master_port", "29500", "--nproc_per_node", str(RANKS),
+    ]  # fmt: skip
+    assert f"soft limit raised from 1024 to {hard} (this job needs about {needed})" in (
+        result.stdout + result.stderr
+    )
+
+
+@pytest.mark.slow
+def test_one_job_on_1024_simulated_nodes_survives_a_node_dying(tmp_path: Path) -> None:
+    report = rehearse(NODES, tmp_path)
+    print("\n" + "\n".join(report.lines()))
+    assert report.final_status == "SUCCEEDED", report.lines()
+    # The attempt the death ended, handed over for the retry, and the one that finished.
+    assert len(report.executions) == 2, report.executions
+    assert report.notifications.count("trainium-cluster scale: job scale-rehearsal retry") <= 1
+    # Two attempts, each a Preflight and a RunTraining command per batch of 50.
+    assert report.calls["ssm.SendCommand"] == 2 * 2 * batches(NODES) == 84
+    # The retry cancelled every batch's command: the dead node's batch its own, then the
+    # others (each at most once more, by a batch that found its own ended meanwhile).
+    assert report.calls["ssm.CancelCommand"] >= batches(NODES)
+    assert report.largest_payload < PAYLOAD_LIMIT / 3, report.largest_payload_state
+    assert report.most_events < HISTORY_LIMIT / 2, report.most_events_execution
+    assert max(report.job_events) < 1_000, report.job_events
+    assert json.dumps(report.calls)  # every action named, for the printed figures
