@@ -115,14 +115,9 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
     """One job on `nodes` simulated nodes, one of which dies once every node runs it."""
     report = ScaleReport(nodes)
     template = synthesize_operations(CLUSTER_NAME, nodes)
-    hosts = SimulatedHosts(nodes)
+    hosts: Any = SimulatedHosts(nodes)
     with (
-        LocalCloud(
-            hosts,
-            output,
-            cluster_name=CLUSTER_NAME,  # type: ignore[arg-type]
-            instances=SimulatedInstances,
-        ) as cloud,  # fmt: skip
+        LocalCloud(hosts, output, cluster_name=CLUSTER_NAME, instances=SimulatedInstances) as cloud,
         local_supervisor(cloud, template) as arn,
         map_run_histories() as children,
     ):
