@@ -323,22 +323,22 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
     gone.next(grace)
     grace.next(wait_grace).next(poll)
     cancel.next(others)
-    others_end.otherwise(cancelled)
-    cancelled.next(wait)
+    others_end.next(cancelled).next(wait)
     return results
 
 
-def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State, sfn.Choice]:
+def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State, sfn.Map]:
     """Once a batch cancels the rest of its command, it cancels the attempt's other batches'
     commands too: a data-parallel job cannot go on without a rank, and on the other batches'
     nodes nothing may end it (the ranks wait in a collective for one that is gone), so every
     batch's child would otherwise poll its command until the leg's time limit, up to 48 hours
     (the scale rehearsal, scripts/rehearsal/scale.py, found it at 64 nodes). The attempt's
     commands are this document's that are still executing (one job at a time: SSM API
-    reference, ListCommands, CommandFilter ExecutionStage), read five at a time: each carries
+    reference, ListCommands, CommandFilter ExecutionStage), read five at a time (each carries
     the host list, 16 KB at 1,024 nodes, so a page stays near 90 KB of a task's 256 KiB
-    result. Cancelling a command that has just ended changes nothing; a refusal is not an
-    error here. Returns the first state and the last (a Choice; its default is the caller's)."""
+    result) and all of them before the first is cancelled: a cancel moves a command out of
+    the filter, and paging on would skip commands. Cancelling a command that has just ended
+    changes nothing; a refusal is not an error here. Returns the first state and the last."""
     p = document
     filters = [
         {"key": "DocumentName", "value": t.document_name(document)},
@@ -356,10 +356,20 @@ def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State,
                 "Ids": sfn.JsonPath.list_at("$.Commands[*].CommandId"),
                 "Next": sfn.JsonPath.list_at("$..NextToken"),
             },
-            result_path="$.Others",
+            result_path="$.OthersPage" if more else "$.Others",
         )  # fmt: skip
 
     first, more = page(f"{p}ListOtherBatches", False), page(f"{p}ListMoreBatches", True)
+    # The IDs so far and the page's, as a list of the two lists, then flattened (ASL has no
+    # intrinsic that joins arrays).
+    add = sfn.Pass(t.scope, f"{p}AddBatchPage", result_path="$.Others", parameters={
+        "Ids.$": "States.Array($.Others.Ids, $.OthersPage.Ids)",
+        "Next": sfn.JsonPath.list_at("$.OthersPage.Next"),
+    })  # fmt: skip
+    join = sfn.Pass(t.scope, f"{p}JoinBatchPage", result_path="$.Others", parameters={
+        "Ids": sfn.JsonPath.list_at("$.Others.Ids[*][*]"),
+        "Next": sfn.JsonPath.list_at("$.Others.Next"),
+    })  # fmt: skip
     each = sfn.Map(
         t.scope,
         f"{p}CancelOtherBatches",
@@ -373,10 +383,10 @@ def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State,
     one.add_catch(sfn.Pass(t.scope, f"{p}BatchEnded"), errors=["States.ALL"])
     each.item_processor(one)
     any_more = sfn.Choice(t.scope, f"{p}MoreBatches")
-    first.next(each).next(any_more)
-    any_more.when(sfn.Condition.is_present("$.Others.Next[0]"), more)
-    more.next(each)
-    return first, any_more
+    first.next(any_more)
+    any_more.when(sfn.Condition.is_present("$.Others.Next[0]"), more).otherwise(each)
+    more.next(add).next(join).next(any_more)
+    return first, each
 
 
 def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
