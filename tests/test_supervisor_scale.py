@@ -66,6 +66,7 @@ def _cloud(fleet: _Fleet, answers: dict[str, list[int]]) -> LocalCloud:
     cloud = object.__new__(LocalCloud)
     cloud.cluster_name, cloud.instances = "trainium", fleet  # type: ignore[assignment]
     cloud.region, cloud.calls, cloud._lock = REGION, [], threading.Lock()
+    cloud.call_times = []
     cloud._services = {}
     for name in ("_ec2_DescribeTags", "_autoscaling_DescribeAutoScalingInstances",
                  "_ec2_DescribeNetworkInterfaces"):  # fmt: skip
