@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.arguments import UsageError, validate
+from stacks.api_rates import QUOTAS
 
 if TYPE_CHECKING:
     from scripts.cluster_lib.clients import Session
@@ -352,8 +353,15 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
                     streams.append((job_stream(iid, document), iid, window))
     # A stream's last --lines lines first, then whatever it gets after them.
     reader = cluster.logs.reader(first_lines=args.lines)
+    # A poll reads at most what half of CloudWatch Logs' GetLogEvents rate allows in one
+    # --poll-interval (stacks/api_rates.py, its quota and source), the streams in turn: on
+    # 1,024 nodes every stream is read every 1,024 / budget polls, and none of its lines is
+    # lost meanwhile (the reader keeps its place in each stream).
+    budget = max(1, int(LOG_READS_PER_SECOND * args.poll_interval))
+    turn, lap_done = 0, False
 
     def poll() -> int:
+        nonlocal turn, lap_done
         printed = 0
         found = list(streams)
         if document not in JOB_OUTPUT_FOLDERS:
@@ -361,6 +369,14 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
             for command_id in command_ids:
                 for name in cluster.logs.log_streams(log_group, f"{command_id}/{suffix}"):
                     found.append((name, name.split("/")[1], None))
+        total = len(found)
+        if total > budget:
+            start = turn % total
+            found = found[start : start + budget]
+            turn = start + len(found)
+            lap_done = turn >= total
+        else:
+            lap_done = True
         for name, iid, window in found:
             try:
                 events = reader.read(name, window)
@@ -377,7 +393,14 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
         return printed
 
     with aws_errors("reading the command output"):
-        if not poll() and not args.follow:
+        printed = poll()
+        if not lap_done:
+            out(f"reading the output of more streams than {budget}: {budget} every "
+                f"{args.poll_interval:g} s (CloudWatch Logs' GetLogEvents rate)")  # fmt: skip
+        while not args.follow and not lap_done:
+            cluster.patience.sleep(args.poll_interval)
+            printed += poll()
+        if not printed and not args.follow:
             raise ClusterError(
                 f"no output in log group {log_group} for command {', '.join(command_ids)} yet"
             )
@@ -394,6 +417,10 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
             return 0
         cluster.patience.sleep(args.poll_interval)
         cluster.patience.patiently("reading the command output", poll)
+
+
+#: GetLogEvents calls `logs` makes a second: half of CloudWatch Logs' documented rate.
+LOG_READS_PER_SECOND = QUOTAS["logs:GetLogEvents"].per_second / 2
 
 
 def cmd_rehearse(args: argparse.Namespace, train_args: list[str]) -> int:

@@ -598,3 +598,54 @@ def test_waiting_for_nodes_rides_out_throttling(aws: FakeAws) -> None:
         "AWS is throttling or unavailable (RequestLimitExceeded) while listing the nodes; "
         "trying again for up to 1800 s",
     ]
+
+
+def test_logs_of_many_nodes_read_their_streams_in_turn_within_the_logs_rate(
+    aws: FakeAws,
+) -> None:
+    """CloudWatch Logs allows about 10 GetLogEvents a second (stacks/api_rates.py): a poll
+    reads at most half of what --poll-interval allows (5 streams a second here), the streams
+    in turn, and a one-shot `logs` goes on until every node's stream was read once. On 1,024
+    nodes a poll used to read all 1,024 streams, ten times the rate every 10 s."""
+    import argparse
+
+    from scripts import cluster as cli
+
+    nodes = aws.launch(12)
+    aws.stack({**OUTPUTS, "NodeCount": "12"})
+    ids = [n["InstanceId"] for n in nodes]
+    command = "00000000-0000-4000-8000-000000000007"
+    sent = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    aws.stubs["ssm"].add_response(
+        "list_commands",
+        {"Commands": [{"CommandId": command, "Parameters": {"JobId": ["bert-1"]},
+                       "RequestedDateTime": sent, "InstanceIds": ids}]},
+        {"Filters": [{"key": "DocumentName", "value": OUTPUTS["RunTrainingDocumentName"]}]},
+    )  # fmt: skip
+    for instance_id in ids:
+        aws.stubs["logs"].add_response(
+            "get_log_events",
+            {"events": [{"timestamp": 1777638600000, "message": f"on {instance_id}"}],
+             "nextForwardToken": "f/1"},
+            {"logGroupName": OUTPUTS["TrainingLogGroupName"],
+             "logStreamName": f"{instance_id}/jobs", "startTime": int(sent.timestamp() * 1000),
+             "startFromHead": False, "limit": 1},
+        )  # fmt: skip
+    args = argparse.Namespace(
+        job_id="bert-1", command_id=None, node=None, lines=1, follow=False, poll_interval=1
+    )
+    printed, restore = capture(cli)
+    slept: list[float] = []
+    cluster = aws.cluster()
+    cluster.patience.sleep = slept.append  # type: ignore[method-assign]
+    try:
+        assert cli.cmd_logs(cluster, args) == 0
+    finally:
+        restore()
+    aws.verify()
+    assert printed.pop(5) == (
+        "reading the output of more streams than 5: 5 every 1 s (CloudWatch Logs' GetLogEvents "
+        "rate)"
+    )
+    assert [line.split()[-1] for line in printed] == ids
+    assert slept == [1, 1]
