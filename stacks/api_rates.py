@@ -32,9 +32,10 @@ doubling to 2 min), which adds calls only once a rate is already exceeded; not c
 
 The operator CLI (scripts/cluster.py) while it runs: `train` follows the execution every
 --poll-interval (CLI_INTERVAL) with GetExecutionHistory (one page of 100 events), DescribeExecution
-and, once RunTraining runs, GetLogEvents on rank 0's job-log stream; `logs --follow` reads every
-node's job-log stream (GetLogEvents, one a node unless --node) and each batch's command status
-(ssm:ListCommands, one per batch of 50) every --poll-interval; `jobs` lists executions and
+and, once RunTraining runs, GetLogEvents on rank 0's job-log stream; `logs --follow` reads the
+nodes' job-log streams in turn (GetLogEvents, at most half of its rate; one stream with --node)
+and the commands' status (ssm:ListCommands, stopping at the first still running) every
+--poll-interval; `jobs` lists executions and
 describes each one it reads (up to MAX_LISTED). `status`, `stop` and `jobs` are one-shot.
 
 The worst minute
@@ -351,12 +352,15 @@ def cli_train_follow(interval: float = CLI_INTERVAL) -> dict[str, float]:
 def cli_logs_follow(
     node_count: int, interval: float = CLI_INTERVAL, *, one_node: bool = False
 ) -> dict[str, float]:
-    """`logs --job-id ID --follow`: per --poll-interval the status of each batch's command
-    (ListCommands with its ID) and every node's job-log stream (one with --node)."""
+    """`logs --job-id ID --follow`: per --poll-interval one ListCommands (the status check
+    stops at the first command still running: command_history.commands_ended) and the
+    nodes' job-log streams in turn, at most half of GetLogEvents' rate (scripts/cluster.py,
+    LOG_READS_PER_SECOND; one stream with --node)."""
     per_minute = 60 / interval
-    streams = 1 if one_node else node_count
+    budget = max(1, int(QUOTAS["logs:GetLogEvents"].per_second / 2 * interval))
+    streams = 1 if one_node else min(node_count, budget)
     return {
-        "ssm:ListCommands": batches(node_count) * per_minute,
+        "ssm:ListCommands": per_minute,
         "logs:GetLogEvents": streams * per_minute,
     }
 
