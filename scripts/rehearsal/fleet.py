@@ -13,9 +13,14 @@ runs until the test ends it (`finish`, `fail`) or the supervisor cancels it (the
 SIGKILL, 137: Cancelled). An instance that dies (`die`) answers nothing more: its invocations
 stay InProgress, as on AWS, and the group launches a replacement in its place.
 
-What a node's own scripts do at 1,024 hosts (parse the host list, find the node's rank, size
-the open-file limit) is checked on the real launch.sh (tests/test_scale_rehearsal.py); the
-rest of a node's work does not change with the cluster's size.
+A few sample nodes (`real_slots`, first and last included) run RunTraining for real: the
+document's command line as the agent starts it (runscript.start_script: `sh -c`, the agent's
+environment, soft RLIMIT_NOFILE 1024, output through the byte-per-write copier), so launch.sh
+parses the 1,024-host list, finds the node's rank, raises the open-file limit, checks the node
+and starts torchrun: a stand-in (FAKE_TORCHRUN) that reports its start and exits as told. The
+paths a node has under /etc, /var and /opt are in its folder here (no mount namespace), and
+its address and NeuronCores come from fake `ip` and `neuron-ls`. Preflight stays simulated on
+every node: its collective check needs every node's process.
 """
 
 from __future__ import annotations
@@ -27,11 +32,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts.rehearsal.instances import Instance, Instances, software_version
-from scripts.rehearsal.ssm_agent.runscript import plugin_result
+from scripts.cluster_lib import REPO_ROOT
+from scripts.rehearsal.hosts import kill_pids, tagged_pids
+from scripts.rehearsal.instances import INSTALL_ROOT, Instance, Instances, software_version
+from scripts.rehearsal.ssm_agent.runscript import AgentScript, plugin_result, start_script
 
 #: The exit status the agent sees when it SIGKILLs a cancelled script's process group.
 KILLED = 137
+
+
+FAKE_IP = """#!/usr/bin/env bash
+if [[ "$*" == "-o -4 addr show" ]]; then
+  echo "1: lo    inet 127.0.0.1/8 scope host lo"
+  echo "2: ens5    inet __ADDRESS__/16 brd 10.128.255.255 scope global ens5"
+  exit 0
+fi
+exec /usr/sbin/ip "$@"
+"""
+FAKE_NEURON_LS = """#!/usr/bin/env bash
+[[ "$1" == -j ]] || exit 2
+cat "$REHEARSAL_NODE_DIR/neuron-ls.json"
+"""
+#: torchrun's stand-in: it reports its start (its arguments, in <command>.started) and exits
+#: with the status the rehearsal writes to <command>.exit (SSM_COMMAND_ID: the agent's).
+FAKE_TORCHRUN = """#!/usr/bin/env bash
+printf '%s\\n' "$@" > "$REHEARSAL_NODE_DIR/$SSM_COMMAND_ID.started.tmp"
+mv "$REHEARSAL_NODE_DIR/$SSM_COMMAND_ID.started.tmp" "$REHEARSAL_NODE_DIR/$SSM_COMMAND_ID.started"
+until [[ -f $REHEARSAL_NODE_DIR/$SSM_COMMAND_ID.exit ]]; do sleep 0.2; done
+exit "$(cat "$REHEARSAL_NODE_DIR/$SSM_COMMAND_ID.exit")"
+"""
 
 
 class _Agent:
@@ -54,13 +83,19 @@ class SimulatedHosts:
 
 
 class SimulatedInstances(Instances):
-    """Instances with a spool folder each and nothing running on them."""
+    """Instances with a spool folder each and nothing running on them; those in `real_slots`
+    get a node's files for launch.sh (`lay_out_real`)."""
+
+    #: The slots whose nodes run RunTraining for real (set before the instances launch).
+    real_slots: frozenset[int] = frozenset()
+    #: NeuronCores a real node reports (fake neuron-ls): launch.sh starts as many ranks.
+    real_cores = 16
 
     def __init__(self, hosts: SimulatedHosts, output: Path, ids: Any, **_: Any) -> None:
         self.hosts = hosts  # type: ignore[assignment]
         self.output = output
         self.ids = ids
-        self.cluster_name = "rehearsal"
+        self.cluster_name = str(_.get("cluster_name", "rehearsal"))
         self.node_settings: dict[str, str] = {}
         self.software_version = software_version()
         self.instances: list[Instance] = []
@@ -76,7 +111,40 @@ class SimulatedInstances(Instances):
         for folder in ("commands", "cancel"):
             (instance.spool / folder).mkdir(parents=True, exist_ok=True)
         instance.agent = _Agent()  # type: ignore[assignment]
+        if slot in self.real_slots:
+            self.lay_out_real(instance)
         return instance
+
+    def lay_out_real(self, instance: Instance) -> None:
+        """The node's files launch.sh reads: cluster.env, the ready marker, a log folder, and
+        fake ip, neuron-ls and torchrun first on PATH."""
+        root = instance.root
+        for folder in ("bin", "state", "log", "fsx"):
+            (root / folder).mkdir(parents=True, exist_ok=True)
+        tools = {"ip": FAKE_IP.replace("__ADDRESS__", instance.address),
+                 "neuron-ls": FAKE_NEURON_LS, "torchrun": FAKE_TORCHRUN}  # fmt: skip
+        for name, text in tools.items():
+            (root / "bin" / name).write_text(text)
+            (root / "bin" / name).chmod(0o755)
+        devices = [{"neuron_device": n, "nc_count": 1, "neuron_processes": []}
+                   for n in range(self.real_cores)]  # fmt: skip
+        (root / "neuron-ls.json").write_text(json.dumps(devices))
+        settings = {
+            "CLUSTER_NAME": self.cluster_name, "INSTANCE_TYPE": "trn1.32xlarge",
+            "NODE_COUNT": str(self.hosts.count), "FSX_MOUNT_POINT": str(root / "fsx"),
+            "WORKLOAD_DIR": str(REPO_ROOT / "workload"), "NEURON_VENV": str(root / "no-venv"),
+            "SOFTWARE_VERSION": self.software_version,
+        }  # fmt: skip
+        (root / "cluster.env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (root / "state" / "ready").write_text("ready (scale rehearsal node)\n")
+
+    def real_environment(self, instance: Instance, env: dict[str, str]) -> dict[str, str]:
+        """The agent's environment, with the node's files where a node has them."""
+        root = instance.root
+        return {**env, "PATH": f"{root / 'bin'}:{env['PATH']}", "REHEARSAL_NODE_DIR": str(root),
+                "TRAINIUM_CLUSTER_ENV": str(root / "cluster.env"),
+                "TRAINIUM_STATE_DIR": str(root / "state"),
+                "TRAINIUM_LOG_DIR": str(root / "log")}  # fmt: skip
 
     def terminate(self, instance: Instance) -> None:
         instance.state = "terminated"
@@ -95,18 +163,39 @@ class _Running:
 
 
 @dataclass
+class _Real:
+    """A real node's RunTraining: the script the agent started, until torchrun reports."""
+
+    key: str
+    command_id: str
+    invocation: Any
+    script: AgentScript
+    started: float
+    ending: str = ""
+
+
+@dataclass
 class SimulatedAgents:
     """Answers the invocations SendCommand delivers to the simulated fleet (see the module's
-    docstring); `launched` holds, per RunTraining command, when each node started it."""
+    docstring); `launched` holds, per RunTraining command, when each node started it (a real
+    node: when its torchrun started)."""
 
     instances: SimulatedInstances
     running: dict[str, _Running] = field(default_factory=dict)
     launched: dict[str, dict[str, float]] = field(default_factory=dict)
+    real: dict[str, _Real] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _changed: threading.Condition = field(init=False)
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self._changed = threading.Condition(self._lock)
+        threading.Thread(target=self._watch_real, daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for item in list(self.real.values()):
+            item.script.kill()
 
     def attach(self, cloud: Any) -> None:
         """Answers what `cloud`'s SSM stand-in sends, as each node's agent would."""
@@ -137,6 +226,18 @@ class SimulatedAgents:
         invocation.folder.mkdir(parents=True, exist_ok=True)
         now = time.time()
         _write(invocation.folder / "status.json", {"status": "InProgress", "started": now})
+        instance = invocation.instance
+        if document.endswith("RunTraining") and instance.slot in self.instances.real_slots:
+            spec = json.loads((instance.spool / "commands" / f"{key}.json").read_text())
+            # The document runs the scripts where a node has them installed.
+            script = spec["script"].replace(
+                f"{INSTALL_ROOT}/scripts/node/", f"{REPO_ROOT / 'scripts' / 'node'}/"
+            )
+            env = self.instances.real_environment(instance, spec["env"])
+            started = start_script(script, invocation.folder, env, copier=Path(spec["copier"]))
+            with self._changed:
+                self.real[key] = _Real(key, command_id, invocation, started, now)
+            return
         with self._changed:
             self.running[key] = _Running(invocation.folder, invocation.instance, document, now)
             if document.endswith("RunTraining"):
@@ -145,7 +246,53 @@ class SimulatedAgents:
         if not document.endswith("RunTraining"):
             self._end(key, 0)
 
+    def _watch_real(self) -> None:
+        """The real nodes' scripts: a node counts as launched once its torchrun reported; an
+        ended script's status is what the agent makes of its exit (plugin_result)."""
+        while not self._stop.wait(0.2):
+            for key, item in list(self.real.items()):
+                instance = item.invocation.instance
+                started = instance.root / f"{item.command_id}.started"
+                if started.is_file() and key not in self.running:
+                    with self._changed:
+                        self.running[key] = _Running(
+                            item.invocation.folder, instance, "RunTraining", item.started
+                        )
+                        self.launched.setdefault(item.command_id, {})[instance.instance_id] = (
+                            time.time()
+                        )
+                        self._changed.notify_all()
+                code = item.script.poll()
+                if code is None:
+                    continue
+                with self._changed:
+                    self.real.pop(key, None)
+                    self.running.pop(key, None)
+                    self._changed.notify_all()
+                if instance.state == "running":
+                    status, details, code = plugin_result(code, item.ending)
+                    ended = {"status": status, "details": details, "code": code,
+                             "started": item.started, "ended": time.time()}  # fmt: skip
+                    _write(item.invocation.folder / "status.json", ended)
+
+    def _tell(self, key: str, code: int) -> bool:
+        """A real node's torchrun exits with `code`; False when the node is not real."""
+        item = self.real.get(key)
+        if item is None:
+            return False
+        root = item.invocation.instance.root
+        (root / f"{item.command_id}.exit").write_text(f"{code}\n")
+        return True
+
     def _end(self, key: str, code: int, *, ending: str = "") -> None:
+        real = self.real.get(key)
+        if real is not None:
+            if ending:  # the agent's SIGKILL to the script's process group
+                real.ending = ending
+                real.script.kill()
+            else:
+                self._tell(key, code)
+            return
         with self._changed:
             item = self.running.pop(key, None)
             self._changed.notify_all()
@@ -198,9 +345,19 @@ class SimulatedAgents:
             if key.endswith(instance.instance_id):
                 self._end(key, code)
 
+    def real_instances(self) -> list[Instance]:
+        return [i for i in self.instances.running() if i.slot in self.instances.real_slots]
+
     def die(self, instance: Instance) -> Instance:
-        """The instance dies: its invocations never end; the group launches a replacement."""
+        """The instance dies: its invocations never end (a real node's processes are killed);
+        the group launches a replacement."""
         self.instances.died.append(instance)
+        if instance.slot in self.instances.real_slots:
+            instance.state = "terminated"
+            for item in list(self.real.values()):
+                if item.invocation.instance is instance:
+                    item.script.kill()
+            kill_pids(tagged_pids(None, instance.address))
         replacement: Instance = self.instances.replace(instance)
         return replacement
 

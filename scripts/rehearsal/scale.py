@@ -23,6 +23,7 @@ import contextlib
 import io
 import itertools
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -44,6 +45,9 @@ HISTORY_LIMIT = 25_000
 #: each with two calls, on this machine's two cores) and a short grace once a node has ended.
 SETTINGS = {"PollSeconds": 5, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5, "MaxRetries": 1}
 CLUSTER_NAME = "scale"
+#: Nodes that run RunTraining for real (fleet.py), and the most ranks each starts.
+REAL_NODES = 6
+REAL_CORES = 16
 JOB_ID = "scale-rehearsal"
 
 
@@ -64,6 +68,8 @@ class ScaleReport:
     map_runs: list[tuple[int, int]] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
     notifications: list[str] = field(default_factory=list)
+    #: The real nodes' (--nnodes, --node_rank, position in the host list), both attempts.
+    real_ranks: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def most_child_events(self) -> int:
@@ -73,7 +79,8 @@ class ScaleReport:
     def lines(self) -> list[str]:
         return [
             f"{self.nodes} nodes: job {self.final_status} after {len(self.executions)} executions",
-            f"  train to every node launched: {self.launch_seconds:.1f} s",
+            f"  train to every node launched: {self.launch_seconds:.1f} s ({len(self.real_ranks)}"
+            f" launches by the real launch.sh, ranks {sorted(r for _, r, _ in self.real_ranks)})",
             f"  a node's death to every node running again: {self.retry_seconds:.1f} s",
             f"  cluster.py status: {self.status_seconds:.1f} s, jobs: {self.jobs_seconds:.1f} s",
             f"  largest state payload: {self.largest_payload:,} bytes in "
@@ -112,6 +119,23 @@ def _payloads(events: list[dict[str, Any]]) -> Iterator[tuple[int, str]]:
                 yield len(details["output"].encode()), details.get("name", name)
 
 
+def _real_ranks(
+    cloud: LocalCloud, agents: SimulatedAgents, commands: frozenset[str]
+) -> list[tuple[int, int, int]]:
+    """For each real node of this attempt: (--nnodes, --node_rank its torchrun got, its
+    address's position in the command's host list)."""
+    found = []
+    for instance in agents.real_instances():
+        for command_id in commands:
+            started = instance.root / f"{command_id}.started"
+            if not started.is_file():
+                continue
+            args = started.read_text().split()
+            hosts = cloud.ssm.commands[command_id].parameters["Hosts"][0].split(",")
+            found.append((int(args[1]), int(args[3]), hosts.index(instance.address)))
+    return found
+
+
 def _timed_cli(cloud: LocalCloud, command: str) -> float:
     from scripts.cluster import main as cluster_main
 
@@ -129,12 +153,26 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
     report = ScaleReport(nodes)
     template = synthesize_operations(CLUSTER_NAME, nodes)
     hosts: Any = SimulatedHosts(nodes)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    room = REAL_CORES if hard == resource.RLIM_INFINITY else (hard - 1024) // nodes
+
+    class Fleet(SimulatedInstances):
+        # The first, the middle (the one that dies) and the last node, and a few between,
+        # run RunTraining for real; as many ranks a node as the open-file hard limit of this
+        # machine leaves room for (launch.sh refuses a job that needs more, in one line).
+        real_slots = frozenset(
+            {round(i * (nodes - 1) / (REAL_NODES - 1)) for i in range(REAL_NODES)} | {nodes // 2}
+        )
+        real_cores = max(1, min(REAL_CORES, room))
+
     with (
-        LocalCloud(hosts, output, cluster_name=CLUSTER_NAME, instances=SimulatedInstances) as cloud,
+        LocalCloud(hosts, output, cluster_name=CLUSTER_NAME, instances=Fleet) as cloud,
         local_supervisor(cloud, template) as arn,
         map_run_histories() as children,
+        contextlib.ExitStack() as stack,
     ):
         agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
+        stack.callback(agents.close)
         agents.attach(cloud)
         client = cloud.session().client("stepfunctions")
         first_call = len(cloud.calls)
@@ -144,14 +182,16 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
         )["executionArn"]
         first = agents.wait_launched(nodes, timeout)
         report.launch_seconds = time.monotonic() - started
+        report.real_ranks = _real_ranks(cloud, agents, first)
         report.status_seconds = _timed_cli(cloud, "status")
         report.jobs_seconds = _timed_cli(cloud, "jobs")
 
-        victim = cloud.running()[nodes // 2]
+        (victim,) = [i for i in cloud.running() if i.slot == nodes // 2]
         died = time.monotonic()
         agents.die(victim)
-        agents.wait_launched(nodes, timeout, after=first)
+        second = agents.wait_launched(nodes, timeout, after=first)
         report.retry_seconds = time.monotonic() - died
+        report.real_ranks += _real_ranks(cloud, agents, second)
         agents.finish()
 
         chain, deadline = [execution], time.monotonic() + timeout
