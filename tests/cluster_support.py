@@ -292,3 +292,18 @@ def capture(module: Any) -> tuple[list[str], Callable[[], None]]:
         module.out = original
 
     return printed, restore
+
+
+def printed_logs(cluster: Cluster, **options: Any) -> list[str]:
+    """What `cluster.py logs` prints with these options (every one of its parser's: job_id,
+    command_id, node, lines, follow, poll_interval), after it returned 0."""
+    import argparse
+
+    from scripts import cluster as cli
+
+    printed, restore = capture(cli)
+    try:
+        assert cli.cmd_logs(cluster, argparse.Namespace(**options)) == 0
+    finally:
+        restore()
+    return printed

@@ -22,6 +22,7 @@ from tests.cluster_support import (
     FakeAws,
     capture,
     hosts,
+    printed_logs,
     run_training,
     train_parameters,
 )
@@ -393,9 +394,6 @@ def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
     """A job's output is its node's job-log stream (`<instance-id>/jobs`, the CloudWatch
     agent's, from launch.sh's files), over the time of the job's latest command: from its
     RequestedDateTime up to the next job's command on the cluster."""
-    import argparse
-
-    from scripts import cluster as cli
 
     nodes = aws.launch(2)
     aws.stack()
@@ -420,14 +418,10 @@ def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
          "startTime": int(sent.timestamp() * 1000), "endTime": int(after.timestamp() * 1000),
          "startFromHead": False, "limit": 2},
     )  # fmt: skip
-    args = argparse.Namespace(
-        job_id="bert-1", command_id=None, node="1", lines=2, follow=False, poll_interval=1
-    )
-    printed, restore = capture(cli)
-    try:
-        assert cli.cmd_logs(aws.cluster(), args) == 0
-    finally:
-        restore()
+    printed = printed_logs(
+        aws.cluster(),
+        job_id="bert-1", command_id=None, node="1", lines=2, follow=False, poll_interval=1,
+    )  # fmt: skip
     aws.verify()
     assert printed == [
         f"{nodes[1]['InstanceId']} 12:30:00 step 10 loss 0.5",
@@ -437,10 +431,6 @@ def test_logs_print_the_latest_run_of_a_job(aws: FakeAws) -> None:
 
 def test_logs_of_a_preflight_command_are_the_agents_output(aws: FakeAws) -> None:
     """Commands but RunTraining and Precompile keep their output in the SSM agent's streams."""
-    import argparse
-
-    from scripts import cluster as cli
-
     nodes = aws.launch(1)
     aws.stack({**OUTPUTS, "NodeCount": "1"})
     check = "00000000-0000-4000-8000-000000000009"
@@ -462,14 +452,10 @@ def test_logs_of_a_preflight_command_are_the_agents_output(aws: FakeAws) -> None
         {"logGroupName": OUTPUTS["TrainingLogGroupName"], "logStreamName": stream,
          "startFromHead": False, "limit": 5},
     )  # fmt: skip
-    args = argparse.Namespace(
-        job_id=None, command_id=check, node=None, lines=5, follow=False, poll_interval=1
-    )
-    printed, restore = capture(cli)
-    try:
-        assert cli.cmd_logs(aws.cluster(), args) == 0
-    finally:
-        restore()
+    printed = printed_logs(
+        aws.cluster(),
+        job_id=None, command_id=check, node=None, lines=5, follow=False, poll_interval=1,
+    )  # fmt: skip
     aws.verify()
     assert printed == [f"{nodes[0]['InstanceId']} 12:30:00 [preflight] checks passed"]
 
@@ -607,9 +593,6 @@ def test_logs_of_many_nodes_read_their_streams_in_turn_within_the_logs_rate(
     reads at most half of what --poll-interval allows (5 streams a second here), the streams
     in turn, and a one-shot `logs` goes on until every node's stream was read once. On 1,024
     nodes a poll used to read all 1,024 streams, ten times the rate every 10 s."""
-    import argparse
-
-    from scripts import cluster as cli
 
     nodes = aws.launch(12)
     aws.stack({**OUTPUTS, "NodeCount": "12"})
@@ -631,17 +614,13 @@ def test_logs_of_many_nodes_read_their_streams_in_turn_within_the_logs_rate(
              "logStreamName": f"{instance_id}/jobs", "startTime": int(sent.timestamp() * 1000),
              "startFromHead": False, "limit": 1},
         )  # fmt: skip
-    args = argparse.Namespace(
-        job_id="bert-1", command_id=None, node=None, lines=1, follow=False, poll_interval=1
-    )
-    printed, restore = capture(cli)
     slept: list[float] = []
     cluster = aws.cluster()
     cluster.patience.sleep = slept.append  # type: ignore[method-assign]
-    try:
-        assert cli.cmd_logs(cluster, args) == 0
-    finally:
-        restore()
+    printed = printed_logs(
+        cluster,
+        job_id="bert-1", command_id=None, node=None, lines=1, follow=False, poll_interval=1,
+    )  # fmt: skip
     aws.verify()
     assert printed.pop(5) == (
         "reading the output of more streams than 5: 5 every 1 s (CloudWatch Logs' GetLogEvents "

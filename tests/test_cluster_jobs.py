@@ -5,7 +5,6 @@ that end at their time limit, contract C4, are the job supervisor's: tests/test_
 
 from __future__ import annotations
 
-import argparse
 import re
 from typing import Any
 
@@ -17,7 +16,7 @@ from tests.cluster_support import (
     SOFTWARE,
     FakeAws,
     Instance,
-    capture,
+    printed_logs,
     run_training,
     train_parameters,
 )
@@ -179,8 +178,6 @@ def test_a_node_without_the_software_line_is_looked_up_in_its_log_and_named(
 
 # ------------------------------------------------------------------ logs --follow
 def test_logs_follow_ends_when_the_command_ends(aws: FakeAws) -> None:
-    from scripts import cluster as cli
-
     nodes = aws.launch(1)
     aws.stack({**OUTPUTS, "NodeCount": "1"})
     from datetime import UTC, datetime
@@ -224,14 +221,10 @@ def test_logs_follow_ends_when_the_command_ends(aws: FakeAws) -> None:
     events("step 20", "t2", startFromHead=True, nextToken="t1")
     status("Success")
     events("summary", "t3", startFromHead=True, nextToken="t2")
-    args = argparse.Namespace(
-        job_id=None, command_id=command, node=None, lines=100, follow=True, poll_interval=5
-    )
-    printed, restore = capture(cli)
-    try:
-        assert cli.cmd_logs(aws.cluster(), args) == 0
-    finally:
-        restore()
+    printed = printed_logs(
+        aws.cluster(),
+        job_id=None, command_id=command, node=None, lines=100, follow=True, poll_interval=5,
+    )  # fmt: skip
     aws.verify()
     assert printed == [
         f"{iid} 00:00:00 step 10",
