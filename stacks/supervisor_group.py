@@ -76,20 +76,7 @@ def read_tags(t: SupervisorTasks, construct_id: str, *, next_token: bool) -> sfn
 def read_batches(t: SupervisorTasks) -> sfn.DistributedMap:
     """For each batch of $.Group.Batches, the IDs and addresses of its nodes that are
     InService and HEALTHY; $.Group gets them all, {"Ids": [...], "Addresses": [...]}."""
-    lifecycle = t.sdk(
-        "ReadBatchNodes",
-        "autoscaling",
-        "describeAutoScalingInstances",
-        {"InstanceIds": sfn.JsonPath.list_at("$.InstanceIds"), "MaxRecords": SEND_BATCH},
-        ["*"],
-        iam_action="autoscaling:DescribeAutoScalingInstances",
-        result_selector={
-            "InService": sfn.JsonPath.list_at(
-                "$.AutoScalingInstances[?(@.LifecycleState == 'InService')]"
-            )
-        },
-        result_path="$",
-    )
+    lifecycle = t.in_service("ReadBatchNodes", "InService", "", "$")
     # InService means the node's bootstrap completed the launch lifecycle hook (contract C2);
     # HEALTHY, that nothing asked the group to replace it (this API's spelling).
     healthy = sfn.Pass(

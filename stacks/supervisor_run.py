@@ -236,25 +236,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         },
         result_path="$.Poll",
     )
-    nodes = t.sdk(
-        f"{p}Nodes",
-        "autoscaling",
-        "describeAutoScalingInstances",
-        # At most 50 IDs and records (a batch); an ID that no longer exists "is ignored with no
-        # error" (Auto Scaling API reference). An entry is about 300 bytes, where
-        # DescribeInstances lists every network interface of a node (8 on a trn1.32xlarge, 16
-        # on a trn2.48xlarge: about 10 and 17 KB a node), past a task's 256 KiB result from
-        # 27 and 16 nodes (tests/test_supervisor.py measures the raw answers).
-        {"InstanceIds": sfn.JsonPath.list_at("$.InstanceIds"), "MaxRecords": SEND_BATCH},
-        ["*"],
-        iam_action="autoscaling:DescribeAutoScalingInstances",
-        result_selector={
-            "Ids": sfn.JsonPath.list_at(
-                "$.AutoScalingInstances[?(@.LifecycleState == 'InService')].InstanceId"
-            )
-        },
-        result_path="$.Alive",
-    )
+    nodes = t.in_service(f"{p}Nodes", "Ids", ".InstanceId", "$.Alive")
     ids = sfn.JsonPath.list_at("$.Alive.Ids")
     alive = sfn.Pass(
         t.scope,

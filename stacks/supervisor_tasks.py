@@ -28,6 +28,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from stacks.config import ClusterConfig
+from stacks.supervisor_limits import SEND_BATCH
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,31 @@ class SupervisorTasks:
             {"StateMachineArn": sfn.JsonPath.string_at("$$.StateMachine.Id"), **parameters},
             [self.state_machine_arn],
             **kwargs,
+        )
+
+    def in_service(
+        self, construct_id: str, key: str, field: str, result_path: str
+    ) -> tasks.CallAwsService:
+        """DescribeAutoScalingInstances for the batch's $.InstanceIds; `result_path` gets
+        {key: [each InService entry's `field` (".InstanceId"), or the entry itself ("")]}.
+        At most 50 IDs and records (a batch); an ID that no longer exists "is ignored with no
+        error" (Auto Scaling API reference). An entry is about 300 bytes, where
+        DescribeInstances lists every network interface of a node (8 on a trn1.32xlarge, 16 on
+        a trn2.48xlarge: about 10 and 17 KB a node), past a task's 256 KiB result from 27 and
+        16 nodes (tests/test_supervisor.py measures the raw answers)."""
+        return self.sdk(
+            construct_id,
+            "autoscaling",
+            "describeAutoScalingInstances",
+            {"InstanceIds": sfn.JsonPath.list_at("$.InstanceIds"), "MaxRecords": SEND_BATCH},
+            ["*"],
+            iam_action="autoscaling:DescribeAutoScalingInstances",
+            result_selector={
+                key: sfn.JsonPath.list_at(
+                    f"$.AutoScalingInstances[?(@.LifecycleState == 'InService')]{field}"
+                )
+            },
+            result_path=result_path,
         )
 
     def notify(
