@@ -31,24 +31,24 @@ class InstanceTypeSpec:
     #: Network cards that carry an EFA interface (0 = no EFA, so no multi-node training).
     efa_interfaces: int
     #: Whether the cards after card 0 take `efa-only` interfaces (EFA device, no ENA device and
-    #: no private IP address). EC2's guidance for instance types with several network cards,
+    #: no private IP address): EC2's guidance for instance types with several network cards,
     #: "Maximize network bandwidth on Amazon EC2 instances with multiple network cards"
-    #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), and the
-    #: EFA-only section of the EFA guide (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/
-    #: efa.html#efa-only): EFA-only interfaces need a Nitro v4 or later type; trn1, trn1n, trn2
-    #: and p5 are, p4d (Nitro v3) is not.
+    #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), where
+    #: DescribeInstanceTypes lists `efa-only` among each card's InterfaceTypes.
     efa_only_interfaces: bool
-    #: NVMe instance store volumes and the size of each, in GB (0 = none). From the EC2 docs'
-    #: "Instance store volume limits" table
-    #: (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html#ac_instance-store).
+    #: NVMe instance store volumes and the size of each, in GB (0 = none), as
+    #: DescribeInstanceTypes gives them (InstanceStorageInfo.Disks) and the EC2 docs' "Instance
+    #: store volume limits" table (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html).
     instance_store_volumes: int
     instance_store_volume_gb: int
     #: Dense bf16 peak per device, in TFLOP/s (the MFU denominator).
     bf16_tflops_per_device: float
     #: On-demand $/h in PRICE_REGION, or None where no price was published when taken.
     on_demand_usd_per_hour: float | None
-    #: Regions that offered the type when PRICES_AS_OF was taken (the EC2 pricing data that
-    #: cfn-lint also ships); empty where not tracked. The cluster config refuses other regions.
+    #: Regions that offer the type (EC2's DescribeInstanceTypeOfferings, as moto's EC2 data
+    #: carries it; tests/test_instance_types_data.py checks every field it covers); empty where
+    #: not tracked (the GPU baselines). The cluster config refuses other regions; the first is
+    #: where the stack tests synthesize the type.
     regions: tuple[str, ...] = ()
 
     @property
@@ -104,7 +104,14 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 instance_store_volume_gb=1900,
                 bf16_tflops_per_device=95.0,
                 on_demand_usd_per_hour=21.50,
-                regions=("us-east-1", "us-east-2", "us-west-2"),
+                regions=(
+                    "us-east-1",
+                    "us-east-2",
+                    "us-west-2",
+                    "ap-south-1",
+                    "ap-southeast-2",
+                    "ap-southeast-4",
+                ),
             ),
             InstanceTypeSpec(
                 name="trn1n.32xlarge",
@@ -152,7 +159,7 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 memory_gib=1152,
                 network_gbps=400,
                 efa_interfaces=4,
-                efa_only_interfaces=False,
+                efa_only_interfaces=True,
                 instance_store_volumes=8,
                 instance_store_volume_gb=1000,
                 bf16_tflops_per_device=312.0,
@@ -170,7 +177,7 @@ INSTANCE_TYPES: MappingProxyType[str, InstanceTypeSpec] = MappingProxyType(
                 efa_interfaces=32,
                 efa_only_interfaces=True,
                 instance_store_volumes=8,
-                instance_store_volume_gb=3840,
+                instance_store_volume_gb=3800,
                 bf16_tflops_per_device=989.0,
                 on_demand_usd_per_hour=55.04,
             ),

@@ -292,4 +292,3 @@ def test_instance_table_records_efa_only_and_instance_store() -> None:
         assert (spec.instance_store_volumes, spec.instance_store_volume_gb) == (4, 1900), name
     assert INSTANCE_TYPES["trn1.32xlarge"].instance_store_gb == 7600
     assert INSTANCE_TYPES["trn1.2xlarge"].efa_only_interfaces is False  # no EFA at all
-    assert INSTANCE_TYPES["p4d.24xlarge"].efa_only_interfaces is False
