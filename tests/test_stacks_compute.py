@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from stacks.compute import software_version
 from stacks.config import CLUSTER_TAG_KEY, ROLE_TAG_KEY
 from stacks.instance_types import INSTANCE_TYPES
 from tests.cdk_support import (
+    REPO_ROOT,
     Synth,
     alternative,
     flatten,
@@ -285,8 +288,14 @@ def test_software_version_names_the_node_software(default: Synth) -> None:
     any change to scripts/node or workload/ gives a new version; nodes carry it as a tag."""
     keys = re.findall(r"/([0-9a-f]{64})\.zip'", "\n".join(user_data_lines(default)))
     assert len(keys) == 2
+    # The two keys are the assets staged from scripts/node and workload/, in that order.
+    for key, source in zip(keys, ("scripts/node", "workload"), strict=True):
+        staged = default.outdir / f"asset.{key}"
+        assert (staged / Path(_a_file_of(source)).name).read_bytes() == (
+            REPO_ROOT / _a_file_of(source)
+        ).read_bytes(), source
     version = cluster_env(default)["SOFTWARE_VERSION"]
-    assert version == software_version(keys)
+    assert version == hashlib.sha256(f"{keys[0]}\n{keys[1]}".encode()).hexdigest()[:16]
     assert re.fullmatch(r"[0-9a-f]{16}", version)
     assert software_version([keys[0], "0" * 64]) != version
     assert software_version([keys[1], keys[0]]) != version  # order matters: scripts, workload
@@ -296,6 +305,11 @@ def test_software_version_names_the_node_software(default: Synth) -> None:
     outputs = default.templates["compute"]["Outputs"]
     assert outputs["SoftwareVersion"]["Value"] == version
     assert "LaunchTemplateVersion" in outputs
+
+
+def _a_file_of(source: str) -> str:
+    """A file that only the asset of `source` holds."""
+    return {"scripts/node": "scripts/node/bootstrap.sh", "workload": "workload/train.py"}[source]
 
 
 def test_cluster_env_carries_egress_and_scratch(default: Synth) -> None:

@@ -159,12 +159,21 @@ def test_lustre_ports_only(default: Synth) -> None:
 @pytest.mark.parametrize("part", STACK_PARTS)
 def test_no_security_group_admits_the_internet(default: Synth, part: str) -> None:
     template = default.templates[part]
-    rules = [
-        rule
-        for group in resources(template, "AWS::EC2::SecurityGroup").values()
+    groups = resources(template, "AWS::EC2::SecurityGroup")
+    assert groups or part != "network", "the network stack's groups were not found"
+    inline = [
+        (logical_id, rule)
+        for logical_id, group in groups.items()
         for rule in group["Properties"].get("SecurityGroupIngress", [])
-    ] + [r["Properties"] for r in resources(template, "AWS::EC2::SecurityGroupIngress").values()]
-    for rule in rules:
+    ]
+    separate = [
+        (r["Properties"]["GroupId"]["Fn::GetAtt"][0], r["Properties"])
+        for r in resources(template, "AWS::EC2::SecurityGroupIngress").values()
+    ]
+    # Every group of the template admits something (EFA from itself, FSx and the endpoints
+    # from the nodes), so the rules below were read, not missed.
+    assert {logical_id for logical_id, _ in inline + separate} == set(groups)
+    for _, rule in inline + separate:
         assert rule.get("CidrIp") not in ("0.0.0.0/0",), rule
         assert rule.get("CidrIpv6") not in ("::/0",), rule
         assert "CidrIp" not in rule, f"ingress only from security groups: {rule}"
@@ -186,7 +195,13 @@ def test_flow_logs_capture_all_traffic_into_an_encrypted_log_group(default: Synt
 
 
 def test_default_security_group_is_locked_down(default: Synth) -> None:
-    only_resource(default.templates["network"], "Custom::VpcRestrictDefaultSG")
+    """aws-cdk-lib's custom resource removes every rule of the cluster VPC's default group."""
+    template = default.templates["network"]
+    (vpc_id,) = resources(template, "AWS::EC2::VPC")
+    restrict = only_resource(template, "Custom::VpcRestrictDefaultSG")["Properties"]
+    assert restrict["DefaultSecurityGroupId"] == {"Fn::GetAtt": [vpc_id, "DefaultSecurityGroup"]}
+    handler = restrict["ServiceToken"]["Fn::GetAtt"][0]
+    assert template["Resources"][handler]["Type"] == "AWS::Lambda::Function"
 
 
 def test_the_cluster_subnet_holds_the_largest_cluster_and_its_replacements() -> None:
