@@ -8,6 +8,8 @@ configuration cannot be added to a file system created without one, IOPS only go
 together with a storage increase; "File system metadata performance": Automatic mode's IOPS
 per storage capacity, GUIDE_AUTOMATIC_IOPS); cfn-lint's resource provider schema of
 AWS::FSx::FileSystem (createOnlyProperties: changing one replaces the file system).
+https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-metadata-performance.html
+https://docs.aws.amazon.com/fsx/latest/LustreGuide/performance.html#dne-metadata-performance
 """
 
 from __future__ import annotations
@@ -82,6 +84,22 @@ def test_the_iops_values_and_the_automatic_table_are_the_platforms() -> None:
     )
     assert "If you're using AUTOMATIC mode, you cannot specify a value" in iops_doc
     assert "You can't provision fewer Metadata IOPS than AUTOMATIC mode provisions" in iops_doc
+
+
+def test_the_update_rules_are_the_ones_botocore_states() -> None:
+    """update_refusals() encodes these sentences of FSx's model (UpdateFileSystem)."""
+    metadata = FSX.shape_for("UpdateFileSystemLustreMetadataConfiguration").members
+    iops, mode = _plain(metadata["Iops"].documentation), _plain(metadata["Mode"].documentation)
+    assert "must be greater than or equal to the current number of Metadata IOPS" in iops
+    assert "You can't provision fewer Metadata IOPS than AUTOMATIC mode provisions" in iops
+    assert (
+        "rejects a switch to AUTOMATIC mode when your current Metadata IOPS value is greater "
+        "than what AUTOMATIC mode provisions"
+    ) in mode
+    storage = FSX.operation_model("UpdateFileSystem").input_shape.members["StorageCapacity"]
+    text = _plain(storage.documentation)
+    assert "PERSISTENT_2 SSD deployment types, valid values are in multiples of 2400 GiB" in text
+    assert "The value must be greater than the current storage capacity" in text
 
 
 @functools.cache
