@@ -138,6 +138,11 @@ class ClusterBuckets(Construct):
                 "cross-region replication would double storage cost for data that is "
                 "reproducible from its source.",
             )
+        # The access-log bucket outlives the stack, and so does its policy: TLS only, and the
+        # S3 logging service's permission to deliver the logs that still arrive.
+        log_policy = self.access_log_bucket.policy
+        assert log_policy is not None  # enforce_ssl made it
+        log_policy.apply_removal_policy(cdk.RemovalPolicy.RETAIN)
 
     def _bucket(
         self,

@@ -126,8 +126,16 @@ def test_destroy_never_deletes_a_bucket_that_server_access_logs_may_still_reach(
         r["Properties"]["BucketName"]["Ref"]
         for r in resources(template, "Custom::S3AutoDeleteObjects").values()
     }
+    policies = {
+        r["Properties"]["Bucket"]["Ref"]: r
+        for r in resources(template, "AWS::S3::BucketPolicy").values()
+    }
     for logical_id in destinations:
         assert buckets[logical_id]["DeletionPolicy"] == "Retain"
+        # Its policy stays with it: TLS only, and the logging service's permission to deliver.
+        assert policies[logical_id]["DeletionPolicy"] == "Retain"
+        statements = policies[logical_id]["Properties"]["PolicyDocument"]["Statement"]
+        assert {"Service": "logging.s3.amazonaws.com"} in [s["Principal"] for s in statements]
         assert buckets[logical_id]["UpdateReplacePolicy"] == "Retain"
         assert logical_id not in emptied
         rules = buckets[logical_id]["Properties"]["LifecycleConfiguration"]["Rules"]
