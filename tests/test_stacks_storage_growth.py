@@ -147,11 +147,15 @@ def creation_refusals(properties: dict[str, Any], nodes: int) -> list[str]:
     metadata = _metadata(properties)
     if metadata is None:
         return ["no metadata configuration: one can never be added later"]
+    # "a PERSISTENT_2 deployment type" (botocore); "Enhanced metadata is available only for
+    # 2.15 file systems" (the guide's note).
     refusals = []
-    mode, automatic = (
-        metadata.get("Mode"),
-        limits.automatic_metadata_iops(properties["StorageCapacity"]),
-    )
+    if properties["LustreConfiguration"]["DeploymentType"] != "PERSISTENT_2":
+        refusals.append("a metadata configuration needs PERSISTENT_2")
+    if properties["FileSystemTypeVersion"] != "2.15":
+        refusals.append("a metadata configuration needs Lustre 2.15")
+    mode = metadata.get("Mode")
+    automatic = limits.automatic_metadata_iops(properties["StorageCapacity"])
     if mode not in FSX.shape_for("MetadataConfigurationMode").enum:
         refusals.append(f"Mode {mode!r} is not one of botocore's")
     elif mode == limits.AUTOMATIC and "Iops" in metadata:
