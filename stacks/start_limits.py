@@ -31,10 +31,18 @@ Limits, with their sources:
   https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-metadata-performance.html;
   FSx API Reference, FileSystemLustreMetadataConfiguration,
   https://docs.aws.amazon.com/fsx/latest/APIReference/API_FileSystemLustreMetadataConfiguration.html).
-  The stack sets no metadata configuration; this module takes the smallest, 1,500 (Automatic
-  mode's figure for the smallest file system), and counts one Metadata IOPS for each open and
-  for each first look-up of a name by a node (a Lustre client caches the attributes it holds
-  a lock for, so the other ranks of the node do not ask again): an upper bound on the cost.
+  Automatic mode provisions by storage capacity: 1,500 at 1,200 GiB, 3,000 at 2,400 GiB,
+  6,000 from 4,800 to 9,600 GiB, 12,000 from 12,000 to 45,600 GiB, and 12,000 per 24,000 GiB
+  from 48,000 GiB (the guide's "File system metadata performance" table,
+  https://docs.aws.amazon.com/fsx/latest/LustreGuide/performance.html#dne-metadata-performance:
+  FSX_AUTOMATIC_METADATA_IOPS). A metadata configuration cannot be added to a file system
+  created without one, provisioned IOPS can only go up, and "You can't provision fewer
+  Metadata IOPS than AUTOMATIC mode provisions for your file system" (botocore's fsx model,
+  CreateFileSystemLustreMetadataConfiguration Iops): metadata_configuration() chooses the
+  stack's. This module takes the smallest, 1,500, as its default, and counts one Metadata
+  IOPS for each open and for each first look-up of a name by a node (a Lustre client caches
+  the attributes it holds a lock for, so the other ranks of the node do not ask again): an
+  upper bound on the cost.
 - Network: a single TCP flow between instances of one cluster placement group reaches up to
   10 Gbps, 5 Gbps otherwise ("Amazon EC2 instance network bandwidth",
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html);
@@ -92,8 +100,13 @@ FSX_STORAGE_GIB = 1_200  # stacks/config.py FSX_MIN_GIB, the default fsx_storage
 FSX_THROUGHPUT_PER_TIB = 250  # MB/s per TiB: stacks/config.py's default fsx_throughput_per_tib
 #: Network throughput baseline per TiB for each PERSISTENT_2 SSD throughput tier (MB/s/TiB).
 FSX_NETWORK_PER_TIB = {125: 320, 250: 640, 500: 1_300, 1_000: 2_600}
-FSX_METADATA_IOPS = 1_500  # the smallest SSD Metadata IOPS (no metadata configuration set)
+FSX_METADATA_IOPS = 1_500  # the smallest SSD Metadata IOPS (Automatic mode at 1,200 GiB)
 FSX_METADATA_IOPS_VALUES = (1_500, 3_000, 6_000, *range(12_000, 192_001, 12_000))
+#: Automatic mode's Metadata IOPS for an SSD file system: (from this storage capacity in GiB,
+#: these IOPS), the guide's table row by row; from the last row on, 12,000 per 24,000 GiB.
+FSX_AUTOMATIC_METADATA_IOPS = ((1_200, 1_500), (2_400, 3_000), (4_800, 6_000), (12_000, 12_000))
+FSX_AUTOMATIC_IOPS_STEP_GIB = 24_000  # from 48,000 GiB: 12,000 Metadata IOPS per 24,000 GiB
+AUTOMATIC, USER_PROVISIONED = "AUTOMATIC", "USER_PROVISIONED"  # the MetadataConfiguration modes
 FLOW_BYTES_PER_SECOND = 5e9 / 8  # one TCP flow: 5 Gbps
 
 # -- what the reference job moves (BERT-base fine-tuning, docs/performance.md) ---------------
@@ -338,3 +351,46 @@ def metadata_iops_needed(nodes: int, ranks: int = RANKS_PER_NODE) -> int:
         if all(a.figure(nodes, ranks, iops).within for a in metadata):
             return iops
     raise ValueError(f"no Metadata IOPS value serves {nodes} nodes within the budget")
+
+
+def automatic_metadata_iops(storage_gib: int) -> int:
+    """The Metadata IOPS that Automatic mode provisions for an SSD file system of
+    ``storage_gib`` (FSX_AUTOMATIC_METADATA_IOPS), at most the largest value FSx offers."""
+    if storage_gib < FSX_AUTOMATIC_METADATA_IOPS[0][0]:
+        raise ValueError(f"storage {storage_gib} GiB is below FSx for Lustre's smallest, 1,200")
+    per_step = FSX_AUTOMATIC_METADATA_IOPS[-1][1]
+    if storage_gib >= 2 * FSX_AUTOMATIC_IOPS_STEP_GIB:
+        steps = storage_gib // FSX_AUTOMATIC_IOPS_STEP_GIB
+        return min(steps * per_step, FSX_METADATA_IOPS_VALUES[-1])
+    return max(iops for gib, iops in FSX_AUTOMATIC_METADATA_IOPS if gib <= storage_gib)
+
+
+@dataclass(frozen=True)
+class MetadataConfiguration:
+    """The file system's MetadataConfiguration: its mode, and the Metadata IOPS it has."""
+
+    mode: str  # AUTOMATIC or USER_PROVISIONED
+    iops: int  # what the file system gets: Automatic mode's figure, or the provisioned value
+
+    @property
+    def properties(self) -> dict[str, str | int]:
+        """As CloudFormation takes it: Iops only when provisioned ("If you're using AUTOMATIC
+        mode, you cannot specify a value", botocore's fsx model)."""
+        if self.mode == AUTOMATIC:
+            return {"Mode": AUTOMATIC}
+        return {"Mode": USER_PROVISIONED, "Iops": self.iops}
+
+
+def metadata_configuration(nodes: int, storage_gib: int) -> MetadataConfiguration:
+    """The metadata configuration a file system of ``storage_gib`` needs for ``nodes`` nodes.
+
+    Always one: a file system created without one can never get one, so a cluster deployed
+    small could never grow (FSx for Lustre user guide, "Managing metadata performance").
+    Automatic mode where its IOPS serve the nodes (it grows with storage capacity on its
+    own); otherwise the smallest value that serves them, provisioned: above Automatic mode's
+    figure, as FSx requires."""
+    needed = metadata_iops_needed(nodes)
+    automatic = automatic_metadata_iops(storage_gib)
+    if needed <= automatic:
+        return MetadataConfiguration(AUTOMATIC, automatic)
+    return MetadataConfiguration(USER_PROVISIONED, needed)

@@ -1,7 +1,8 @@
 """Storage stack: S3 buckets for data, checkpoints and the Neuron compile cache; FSx for Lustre.
 
-The data and checkpoint buckets hold what a training run cannot recreate. They (and the
-access-log bucket that audits them) are retained on `cdk destroy` unless `retain_data=false`.
+The data and checkpoint buckets hold what a training run cannot recreate. They are retained
+on `cdk destroy` unless `retain_data=false`; the access-log bucket that audits them always is
+(access logs can arrive after it was emptied), and its lifecycle rule expires the logs.
 The compile cache is a cache: it is emptied and deleted with the stack, and its lifecycle rule
 expires old entries because the Neuron compiler never cleans its cache itself.
 
@@ -28,7 +29,7 @@ from constructs import Construct
 
 from stacks.config import ClusterConfig
 from stacks.nag import acknowledge
-from stacks.start_limits import FSX_METADATA_IOPS_VALUES, metadata_iops_needed
+from stacks.start_limits import metadata_configuration
 
 COMPILE_CACHE_PREFIX = "neuron-compile-cache/"
 FSX_MOUNT_POINT = "/fsx"
@@ -61,8 +62,17 @@ class ClusterBuckets(Construct):
                     abort_incomplete_multipart_upload_after=cdk.Duration.days(7),
                 )
             ],
-            removal_policy=removal,
-            auto_delete_objects=not keep,
+            # Kept on `cdk destroy` even with retain_data=false, and never emptied by the
+            # stack. S3 delivers server access logs best effort, "most log records ... within a
+            # few hours" (S3 user guide, server access logging, best-effort log delivery), so
+            # the records of the other buckets' last requests (the auto-delete handler
+            # emptying them) can arrive after this bucket was emptied, and deleting it fails
+            # with BucketNotEmpty (aws/aws-cdk issues #16332 and #21776). Deleting it after the
+            # others does not help, nor does turning their logging off first (a change of
+            # logging status takes up to an hour to reach delivery, same guide); CDK samples
+            # retain the log bucket (aws-samples/generative-ai-cdk-constructs-samples PR #10).
+            # Its expiry rule above empties it; docs/deploy.md says how to remove it by hand.
+            removal_policy=cdk.RemovalPolicy.RETAIN,
         )
         acknowledge(
             self.access_log_bucket,
@@ -128,6 +138,11 @@ class ClusterBuckets(Construct):
                 "cross-region replication would double storage cost for data that is "
                 "reproducible from its source.",
             )
+        # The access-log bucket outlives the stack, and so does its policy: TLS only, and the
+        # S3 logging service's permission to deliver the logs that still arrive.
+        log_policy = self.access_log_bucket.policy
+        assert log_policy is not None  # enforce_ssl made it
+        log_policy.apply_removal_policy(cdk.RemovalPolicy.RETAIN)
 
     def _bucket(
         self,
@@ -182,16 +197,19 @@ class ClusterBuckets(Construct):
 
 
 def _metadata_configuration(
-    node_count: int,
-) -> fsx.CfnFileSystem.MetadataConfigurationProperty | None:
-    """Metadata IOPS for every rank's opens at start (stacks/start_limits.py): the automatic
-    setting's 1,500 serves up to 256 nodes; a larger cluster gets the smallest value that
-    serves it, provisioned (it can be raised only on a file system created with a metadata
-    configuration: FSx for Lustre user guide, Managing metadata performance)."""
-    iops = metadata_iops_needed(node_count)
-    if iops <= FSX_METADATA_IOPS_VALUES[0]:
-        return None
-    return fsx.CfnFileSystem.MetadataConfigurationProperty(mode="USER_PROVISIONED", iops=iops)
+    config: ClusterConfig,
+) -> fsx.CfnFileSystem.MetadataConfigurationProperty:
+    """Always a metadata configuration: one cannot be added to a file system created without
+    one (FSx for Lustre user guide, Managing metadata performance), so a cluster created small
+    could never grow. AUTOMATIC where the IOPS that Automatic mode gives the storage capacity
+    serve every rank's opens at start; otherwise USER_PROVISIONED at the smallest value that
+    serves them, which is above Automatic mode's (FSx refuses fewer). See
+    stacks/start_limits.py metadata_configuration, and docs/deploy.md for growing a cluster."""
+    chosen = metadata_configuration(config.node_count, config.fsx_storage_gib)
+    props = chosen.properties
+    return fsx.CfnFileSystem.MetadataConfigurationProperty(
+        mode=str(props["Mode"]), iops=int(props["Iops"]) if "Iops" in props else None
+    )
 
 
 class LustreFileSystem(Construct):
@@ -240,7 +258,7 @@ class LustreFileSystem(Construct):
                 # Sunday 03:00 UTC; the S3 buckets hold the durable copy, so no FSx backups.
                 weekly_maintenance_start_time="7:03:00",
                 automatic_backup_retention_days=0,
-                metadata_configuration=_metadata_configuration(config.node_count),
+                metadata_configuration=_metadata_configuration(config),
             ),
         )
         # Training data flows in from S3; files written to /fsx/data (by a data preparation

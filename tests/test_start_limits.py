@@ -67,6 +67,29 @@ def test_every_access_fits_its_limit_at_1024_nodes() -> None:
         assert {limits.figures(n)[name].demand for n in (1, 64, 1024)} == {found[name].demand}
 
 
+def test_the_metadata_configuration_follows_the_nodes_and_the_storage() -> None:
+    """Automatic mode's IOPS (1,500 at 1,200 GiB, FSx for Lustre user guide, "File system
+    metadata performance") serve the token cache's opens up to 281 nodes, 3,000 up to 562:
+    above, the smallest value that serves is provisioned, never below Automatic mode's
+    (botocore's fsx model: "You can't provision fewer Metadata IOPS than AUTOMATIC mode
+    provisions"). Every size against FSx's rules: tests/test_stacks_storage_growth.py."""
+    assert [limits.metadata_iops_needed(n) for n in (281, 282, 562, 563)] == [
+        1_500,
+        3_000,
+        3_000,
+        6_000,
+    ]
+    configure = limits.metadata_configuration
+    assert configure(281, 1_200) == limits.MetadataConfiguration("AUTOMATIC", 1_500)
+    assert configure(282, 1_200) == limits.MetadataConfiguration("USER_PROVISIONED", 3_000)
+    assert configure(1_024, 2_400).properties == {"Mode": "USER_PROVISIONED", "Iops": 6_000}
+    # 4,800 GiB bring 6,000 in Automatic mode: enough for 1,024 nodes; 12,000 GiB bring more.
+    assert configure(1_024, 4_800).properties == {"Mode": "AUTOMATIC"}
+    assert configure(1_024, 12_000) == limits.MetadataConfiguration("AUTOMATIC", 12_000)
+    with pytest.raises(ValueError, match="below FSx for Lustre's smallest"):
+        limits.automatic_metadata_iops(600)
+
+
 def test_the_compile_cache_read_is_served_from_the_file_servers_memory() -> None:
     """1,024 nodes x 17.5 MB: 24 s at the network baseline (750 MB/s at 1,200 GiB); from disk
     (293 MB/s) it would be 61 s, over the budget."""
