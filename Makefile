@@ -41,13 +41,17 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 
 # golang-go: the SSM agent checks document parameters with Go's regexp; the tests and the
 # rehearsal's Run Command stand-in use the same package (scripts/rehearsal/ssm_agent).
-system-deps:  ## Install the Debian tools the checks use (shellcheck, iproute2, golang-go, procps, strace) if missing
+# gpg and gpg-agent: bootstrap.sh verifies the CloudWatch agent's signature with gpg; the test
+# signs a package with a key it makes (key generation needs gpg-agent).
+system-deps:  ## Install the Debian tools the checks use (shellcheck, iproute2, golang-go, procps, strace, gpg) if missing
 	@missing=""; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v go >/dev/null || missing="$$missing golang-go"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	command -v strace >/dev/null || missing="$$missing strace"; \
+	command -v gpg >/dev/null || missing="$$missing gpg"; \
+	command -v gpg-agent >/dev/null || missing="$$missing gpg-agent"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \

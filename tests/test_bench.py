@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.skips import not_applicable
 from workload import bench, bench_rounds
 from workload.bench_device import dynamo_stats
 from workload.bench_paths import StepRunner
@@ -157,7 +158,7 @@ def test_bad_input_is_one_clear_line(
     capsys: pytest.CaptureFixture[str], args: str, message: str
 ) -> None:
     if "cuda" in args and torch.cuda.is_available():
-        pytest.skip("this machine has a CUDA device")
+        not_applicable("this machine has a CUDA device")
     try:
         code = bench.main(args.split())
     except SystemExit as exc:  # argparse's own checks

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.aws_cli import check_command
 from tests.node_support import NODE, FakeNode
 from tests.test_preflight import healthy_trainium
 
@@ -34,8 +35,18 @@ NOBLE = 'ID=ubuntu\nVERSION_CODENAME=noble\nPRETTY_NAME="Ubuntu 24.04"\n'
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> FakeNode:
-    return FakeNode(tmp_path)
+def node(tmp_path: Path) -> Iterator[FakeNode]:
+    """A fake node; the test fails if a script on it made an `aws` call the CLI refuses, even
+    where the script only logs the failed call as a warning."""
+    node = FakeNode(tmp_path)
+    yield node
+    assert not refused_calls(node), "calls the AWS CLI refuses:\n" + "\n".join(refused_calls(node))
+
+
+def refused_calls(node: FakeNode) -> list[str]:
+    """The fake `aws`'s refusals on this node, each with the CLI's reason."""
+    log = node.root / "aws-refused.log"
+    return log.read_text().splitlines() if log.exists() else []
 
 
 FAKE_MOUNT = """#!/usr/bin/env bash
@@ -82,10 +93,15 @@ case $url in
     if [[ -n $out ]]; then cp "$f" "$out"; else cat "$f"; fi ;;
 esac
 """
-# The first complete-lifecycle-action succeeds; later ones find no pending action, as on AWS
-# after a reboot.
+# Each call is first parsed by the real AWS CLI (tests/aws_cli.py): one it would refuse fails
+# with its message and exit status 252. The first complete-lifecycle-action succeeds; later ones
+# find no pending action, as on AWS after a reboot.
 FAKE_AWS = """#!/usr/bin/env bash
 echo "aws $*" >> "$FAKE_DIR/calls.log"
+if ! refusal=$(@CHECK@ "$@" 2>&1); then
+  echo "$refusal" | tee -a "$FAKE_DIR/aws-refused.log" >&2
+  exit 252
+fi
 case "$*" in
   *describe-auto-scaling-instances*)
     if [[ -n ${FAKE_DESCRIBE_ERROR:-} ]]; then
@@ -201,6 +217,10 @@ tqdm==4.70.1
 """
 
 
+def fake_aws() -> str:
+    return FAKE_AWS.replace("@CHECK@", check_command())
+
+
 def tool(directory: Path, name: str, script: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
@@ -240,7 +260,7 @@ def bootstrap_node(node: FakeNode, *, instance_store: int = 4) -> None:
         ("mountpoint", FAKE_MOUNTPOINT),
         ("systemctl", FAKE_SYSTEMCTL),
         ("curl", FAKE_CURL),
-        ("aws", FAKE_AWS),
+        ("aws", fake_aws()),
         ("modinfo", FAKE_MODINFO),
         ("fuser", FAKE_FUSER),
         ("ps", FAKE_PS),

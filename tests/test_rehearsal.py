@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -513,14 +512,11 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
     assert "job cli: preflight on every node" in result.stdout
     assert "job cli: RunTraining on every node" in result.stdout
     assert "job cli finished (execution cli-" in result.stdout
-    if "after 0 retries" not in result.stdout:
-        # The supervisor may retry (that is its job), but this 2-node job has no fault; a retry
-        # here is a first attempt that failed on its own, worth a look: its lines, not a failure.
-        warnings.warn(
-            "the 2-node rehearsal retried: "
-            + " | ".join(line for line in result.stdout.splitlines() if "retr" in line),
-            stacklevel=1,
-        )
+    # The supervisor retries a failed attempt (that is its job), but this 2-node job has no
+    # fault: a retry here is an attempt that failed on its own, a defect to find.
+    assert "after 0 retries" in result.stdout, "the fault-free job retried: " + " | ".join(
+        line for line in result.stdout.splitlines() if "retr" in line
+    )
     summary = json.loads(result.stdout.split("summary: ", 1)[1].splitlines()[0])
     assert summary["event"] == "summary"
     assert sorted(p.name for p in (output / "jobs" / "cli" / "logs").iterdir()) == [

@@ -1,0 +1,96 @@
+"""The node tests' fake `aws` refuses what the AWS CLI refuses (tests/aws_cli.py): the real
+CLI's driver (awscli with botocore's service models) parses each call, and a call it would not
+send fails with its message and exit status 252 (AWS CLI user guide, "Return codes"). Every
+`aws` call bootstrap.sh makes in tests/test_bootstrap.py goes through it; that module's `node`
+fixture fails a test whose scripts made a refused call."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.node_support import FakeNode
+from tests.test_bootstrap import fake_aws, refused_calls
+
+GLOBAL = ["--region", "us-east-1", "--cli-connect-timeout", "10", "--cli-read-timeout", "30"]
+INSTANCE = ["--instance-id", "i-0123456789abcdef0"]
+HOOK = ["--lifecycle-hook-name", "trainium-launch", "--auto-scaling-group-name", "nodes"]
+METRIC = ["--namespace", "TrainiumCluster/c", "--metric-name", "BootstrapFailures"]
+QUERY = "AutoScalingInstances[0].[AutoScalingGroupName,LaunchTemplate.Version]"
+
+
+def run_aws(node: FakeNode, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["aws", *GLOBAL, *args], capture_output=True, text=True, env=node.env(), timeout=120,
+        check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> FakeNode:
+    node = FakeNode(tmp_path)
+    node.tool("aws", fake_aws())
+    return node
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["autoscaling", "complete-lifecycle-action", *HOOK, *INSTANCE,
+         "--lifecycle-action-result", "CONTINUE"],
+        ["autoscaling", "record-lifecycle-action-heartbeat", *HOOK, *INSTANCE],
+        ["autoscaling", "set-instance-health", *INSTANCE, "--health-status", "Unhealthy",
+         "--no-should-respect-grace-period"],
+        ["autoscaling", "describe-auto-scaling-instances", "--instance-ids", "i-1",
+         "--query", QUERY, "--output", "text"],
+        # put-metric-data's own options are the CLI's customization (awscli/customizations/
+        # putmetricdata.py), not members of botocore's PutMetricDataInput.
+        ["cloudwatch", "put-metric-data", *METRIC, "--dimensions", "ClusterName=c",
+         "--unit", "Count", "--value", "1"],
+        ["ssm", "get-parameter", "--name", "/aws/service/x", "--query", "Parameter.Value"],
+        ["s3", "cp", "/etc/hostname", "s3://bucket/key", "--only-show-errors"],
+    ],
+)  # fmt: skip
+def test_a_call_the_cli_would_send_passes(node: FakeNode, args: list[str]) -> None:
+    result = run_aws(node, *args)
+    assert result.returncode == 0, result.stderr
+    assert refused_calls(node) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["autoscaling", "complete-lifecycle", *HOOK, *INSTANCE],
+         "argument operation: Invalid choice: 'complete-lifecycle', maybe you meant: "
+         "* complete-lifecycle-action"),
+        (["autoscalin", "set-instance-health", *INSTANCE, "--health-status", "Unhealthy"],
+         "argument command: Invalid choice: 'autoscalin'"),
+        (["autoscaling", "set-instance-health", *INSTANCE, "--health-status", "Unhealthy",
+          "--no-respect-grace-period"], "Unknown options: --no-respect-grace-period"),
+        (["autoscaling", "complete-lifecycle-action", *HOOK, *INSTANCE],
+         "the following arguments are required: --lifecycle-action-result"),
+        (["autoscaling", "describe-auto-scaling-instances", "--max-records", "ten"],
+         "invalid literal for int() with base 10: 'ten'"),
+        (["cloudwatch", "put-metric-data", *METRIC, "--value", "one"], "ConversionSyntax"),
+        (["cloudwatch", "put-metric-data", *METRIC, "--dimensions", "ClusterName",
+          "--value", "1"], "not enough values to unpack"),
+        (["autoscaling", "describe-auto-scaling-instances", "--query", "AutoScalingInstances[0].["],
+         "Bad value for --query AutoScalingInstances[0].[: Invalid jmespath expression"),
+        (["autoscaling", "describe-auto-scaling-instances", "--output", "txt"],
+         "argument --output: Invalid choice: 'txt', maybe you meant: * text"),
+        (["s3", "cp", "/etc/hostname", "s3://bucket/key", "--quiet-please"],
+         "Unknown options: --quiet-please"),
+    ],
+)  # fmt: skip
+def test_a_call_the_cli_refuses_fails_with_its_reason(
+    node: FakeNode, args: list[str], reason: str
+) -> None:
+    result = run_aws(node, *args)
+    assert result.returncode == 252, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("aws: the AWS CLI refuses `aws --region us-east-1 "), line
+    assert reason in line, line
+    assert refused_calls(node) == [line]
+    assert node.calls() == [f"aws {' '.join([*GLOBAL, *args])}"]
