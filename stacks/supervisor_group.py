@@ -16,7 +16,8 @@ interface (past it from about 200). So the supervisor reads the group in three n
   per batch in the job's execution): which are InService and HEALTHY (Auto Scaling
   DescribeAutoScalingInstances: at most 50 IDs, "an ID that does not exist is ignored with no
   error"), and those nodes' private addresses from their primary interfaces
-  (DescribeNetworkInterfaces, device index 0, about 60 KB a batch);
+  (DescribeNetworkInterfaces, device index 0 and not efa-only: one interface a node, about
+  60 KB a batch whatever the number of network cards);
 - the batches' IDs and addresses, flattened by the map's ResultSelector (about 40 bytes a node:
   41 KB at 1,024).
 
@@ -46,6 +47,27 @@ def tag_filters(group_name: str) -> list[dict[str, object]]:
         {"Name": "resource-type", "Values": ["instance"]},
         {"Name": "key", "Values": [GROUP_TAG]},
         {"Name": "value", "Values": [group_name]},
+    ]
+
+
+#: The types a node's primary interface has (network card 0, device index 0: stacks/compute.py's
+#: launch template): `efa` on a type with EFA, `interface` (no InterfaceType) on one without.
+#: Never `efa-only`: that is every other card's interface on trn1, trn1n and trn2, also at
+#: device index 0 (on its own card) and with no IP address.
+PRIMARY_INTERFACE_TYPES = ["efa", "interface"]
+
+
+def address_filters(instance_ids: object) -> list[dict[str, object]]:
+    """DescribeNetworkInterfaces' filters for the nodes' primary interfaces only: one entry,
+    with the node's address, per node. Device index 0 alone matches every network card's
+    interface (8 a trn1.32xlarge node, 16 a trn1n or trn2 one: each efa-only interface sits at
+    device index 0 of its card), and EC2 has no filter on the network card (EC2 API
+    reference, DescribeNetworkInterfaces, Filter.N); the interface type leaves out the
+    efa-only ones."""
+    return [
+        {"Name": "attachment.instance-id", "Values": instance_ids},
+        {"Name": "attachment.device-index", "Values": ["0"]},
+        {"Name": "interface-type", "Values": PRIMARY_INTERFACE_TYPES},
     ]
 
 
@@ -92,13 +114,7 @@ def read_batches(t: SupervisorTasks) -> sfn.DistributedMap:
         "ReadBatchAddresses",
         "ec2",
         "describeNetworkInterfaces",
-        {
-            "Filters": [
-                {"Name": "attachment.instance-id", "Values": sfn.JsonPath.list_at("$.Ids")},
-                # The primary interface (network card 0, device index 0: the launch template).
-                {"Name": "attachment.device-index", "Values": ["0"]},
-            ]
-        },
+        {"Filters": address_filters(sfn.JsonPath.list_at("$.Ids"))},
         ["*"],
         iam_action="ec2:DescribeNetworkInterfaces",
         result_selector={

@@ -111,8 +111,8 @@ class OutcomeStates(StatesBase):
         return self._pass(
             "StopFilter",
             parameters={
-                "Document": {"key": "DocumentName", "value": self.t.document_name("StopTraining")},
-                "After": {"key": "InvokedAfter", "value": sfn.JsonPath.string_at("$.Nodes.Since")},
+                "Document": {"Key": "DocumentName", "Value": self.t.document_name("StopTraining")},
+                "After": {"Key": "InvokedAfter", "Value": sfn.JsonPath.string_at("$.Nodes.Since")},
             },
             result_path="$.StopFilters",
         )

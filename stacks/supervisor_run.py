@@ -323,8 +323,8 @@ def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State,
     changes nothing; a refusal is not an error here. Returns the first state and the last."""
     p = document
     filters = [
-        {"key": "DocumentName", "value": t.document_name(document)},
-        {"key": "ExecutionStage", "value": "Executing"},
+        {"Key": "DocumentName", "Value": t.document_name(document)},
+        {"Key": "ExecutionStage", "Value": "Executing"},
     ]
 
     def page(construct_id: str, more: bool) -> sfn.TaskStateBase:

@@ -35,6 +35,7 @@ from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import jayway_json_paths, local_supervisor, map_run_histories
 from stacks.config import MAX_NODES
 from stacks.supervisor import JOB_DEFAULTS
+from stacks.supervisor_group import address_filters
 from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
     EVENTS_PER_NODE_WAIT,
@@ -351,14 +352,15 @@ def _raw_answer(nodes: int, instance_type: str, service: str, params: dict[str, 
     return len(json.dumps(answer, default=str, separators=(",", ":")).encode())
 
 
-@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn2.48xlarge"])
+@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge"])
 def test_the_answers_the_supervisor_reads_about_nodes_fit_a_task_result(instance_type: str) -> None:
     """A task's result is at most 262,144 bytes before its ResultSelector runs (Step Functions
     API reference, TaskSucceededEventDetails.output). DescribeInstances lists every network
     interface of every node (8 on a trn1.32xlarge, 16 on a trn2.48xlarge): on 64 nodes, and on
     a batch of 50, it is past that; so is DescribeNetworkInterfaces on every node of the largest
     cluster. So the supervisor reads a batch of 50 at a time (stacks/supervisor_group.py): the
-    addresses from the nodes' primary interfaces (DescribeNetworkInterfaces, device index 0)
+    addresses from the nodes' primary interfaces (DescribeNetworkInterfaces, device index 0,
+    not efa-only: supervisor_group.address_filters)
     and which nodes are in service from Auto Scaling (DescribeAutoScalingInstances); both stay
     below a third of the limit. The stand-in answers with EC2's fields at their real lengths
     (scripts/rehearsal/ec2_shapes.py)."""
@@ -369,10 +371,8 @@ def test_the_answers_the_supervisor_reads_about_nodes_fit_a_task_result(instance
     assert everything > limit and batch > limit, (everything, batch)
 
     def interfaces(count: int) -> int:
-        return _raw_answer(MAX_NODES, instance_type, "ec2_DescribeNetworkInterfaces", {"Filters": [
-            {"Name": "attachment.instance-id", "Values": ids[:count]},
-            {"Name": "attachment.device-index", "Values": ["0"]},
-        ]})  # fmt: skip
+        return _raw_answer(MAX_NODES, instance_type, "ec2_DescribeNetworkInterfaces",
+                           {"Filters": address_filters(ids[:count])})  # fmt: skip
 
     whole, addresses = interfaces(MAX_NODES), interfaces(SEND_BATCH)
     assert whole > limit, whole

@@ -51,7 +51,6 @@ from scripts.rehearsal.instances import (
 )
 from scripts.rehearsal.logs_stand_in import LogsStandIn
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
-from stacks.instance_types import INSTANCE_TYPES
 
 #: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
 #: moto's, with its ASL interpreter (supervisor.py).
@@ -64,7 +63,9 @@ LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"
 #: The DescribeInstances filters the stand-in answers (besides tag:<key>).
 KNOWN_INSTANCE_FILTERS = frozenset({"instance-id", "instance-state-name"})
 #: The DescribeNetworkInterfaces filters it answers.
-KNOWN_INTERFACE_FILTERS = frozenset({"attachment.instance-id", "attachment.device-index"})
+KNOWN_INTERFACE_FILTERS = frozenset(
+    {"attachment.instance-id", "attachment.device-index", "interface-type"}
+)
 #: The DescribeTags filters it answers, and its MaxResults' bounds (EC2 API reference).
 KNOWN_TAG_FILTERS = frozenset({"resource-type", "key", "value"})
 TAG_PAGE_MIN, TAG_PAGE_MAX = 5, 1000
@@ -237,18 +238,18 @@ class LocalCloud:
         }
 
     def _interfaces(self, instance: Instance) -> list[dict[str, Any]]:
-        """Every network interface of the node, one per network card, as EC2 lists them."""
-        cards = max(1, INSTANCE_TYPES[INSTANCE_TYPE].efa_interfaces)
+        """Every network interface of the node, one per entry of the launch template's
+        NetworkInterfaces (ec2_shapes.launch_template_interfaces), as EC2 lists them."""
         return [
             ec2_shapes.network_interface(
                 instance.instance_id,
                 instance.address,
-                card,
+                entry,
                 zone=ZONE,
                 region=REGION,
                 launched=instance.launched,
             )
-            for card in range(cards)
+            for entry in ec2_shapes.launch_template_interfaces(INSTANCE_TYPE)
         ]
 
     @staticmethod
@@ -336,6 +337,10 @@ class LocalCloud:
                 index = str(interface["Attachment"]["DeviceIndex"])
                 if "attachment.device-index" in filters and (
                     index not in filters["attachment.device-index"]
+                ):
+                    continue
+                if "interface-type" in filters and (
+                    interface["InterfaceType"] not in filters["interface-type"]
                 ):
                     continue
                 found.append(interface)

@@ -3,7 +3,8 @@ as EC2's: a Step Functions task's result is limited to 262,144 bytes before its 
 runs (Step Functions API reference, TaskSucceededEventDetails.output: "The full JSON response
 from a resource ... Maximum length of 262144"), and a trn1.32xlarge has 8 network interfaces,
 a trn1n.32xlarge or trn2.48xlarge 16 (stacks/instance_types.py), each listed in full in every
-DescribeInstances answer.
+DescribeInstances answer. Which interfaces a node has (network card, device index, type) comes
+from the synthesized launch template, never from here.
 
 The fields are those of the EC2 API reference's Instance and NetworkInterface (and
 InstanceNetworkInterface) data types that EC2 fills in for an instance launched from a launch
@@ -13,6 +14,7 @@ have the lengths of real ones (IDs, ARNs, DNS names, MAC addresses).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from datetime import datetime
 from typing import Any
@@ -35,20 +37,74 @@ def _dns(address: str, region: str) -> str:
     return f"ip-{address.replace('.', '-')}.{region}.compute.internal"
 
 
+@functools.cache
+def launch_template_interfaces(instance_type: str) -> tuple[dict[str, Any], ...]:
+    """The NetworkInterfaces entries of the cluster's launch template for `instance_type`, as
+    CloudFormation gets them: stacks/compute.py's `network_interfaces`, synthesized into a
+    launch template (tests/test_ec2_shapes.py checks them against the whole compute stack's,
+    for every instance type). Each entry's NetworkCardIndex, DeviceIndex and InterfaceType is
+    what EC2 attaches to every node launched from it."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_ec2 as ec2
+
+    from stacks.compute import network_interfaces
+    from stacks.instance_types import INSTANCE_TYPES
+
+    spec = INSTANCE_TYPES[instance_type]
+    app = cdk.App()
+    stack = cdk.Stack(app, "LaunchTemplate")
+    ec2.CfnLaunchTemplate(
+        stack,
+        "LaunchTemplate",
+        launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+            instance_type=instance_type,
+            network_interfaces=network_interfaces(
+                efa_interfaces=spec.efa_interfaces,
+                efa_only=spec.efa_only_interfaces,
+                security_group_id=GROUP["GroupId"],
+            ),
+        ),
+    )
+    template = app.synth().get_stack_by_name("LaunchTemplate").template
+    (resource,) = template["Resources"].values()
+    entries = resource["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+    return tuple(sorted(entries, key=lambda e: (e.get("NetworkCardIndex", 0), e["DeviceIndex"])))
+
+
 def network_interface(
-    instance_id: str, address: str, card: int, *, zone: str, region: str, launched: datetime
+    instance_id: str,
+    address: str,
+    entry: dict[str, Any],
+    *,
+    zone: str,
+    region: str,
+    launched: datetime,
 ) -> dict[str, Any]:
-    """One of an instance's interfaces as DescribeNetworkInterfaces lists it: card 0 is the
-    primary (device index 0, an EFA interface with the instance's address), every other card
-    device index 1 (stacks/compute.py's launch template)."""
-    seed = f"{instance_id}/{card}"
-    own = address if card == 0 else f"10.0.{card}.{int(_hex(seed, 2), 16)}"
+    """The interface EC2 attaches for one of the launch template's NetworkInterfaces entries,
+    as DescribeNetworkInterfaces lists it: on its entry's network card and device index, of
+    its type (`interface` where the entry names none). The primary interface (network card 0,
+    device index 0) has the instance's address, another `efa` interface one of its own; an
+    `efa-only` interface has none (EC2 user guide, "Elastic Fabric Adapter": an EFA-only
+    interface supports only the EFA device, no IP address)."""
+    card, device = entry.get("NetworkCardIndex", 0), entry["DeviceIndex"]
+    kind = entry.get("InterfaceType", "interface")
+    seed = f"{instance_id}/{card}/{device}"
+    own = address if (card, device) == (0, 0) else f"10.0.{card}.{int(_hex(seed, 2), 16)}"
+    addressed: dict[str, Any] = {"PrivateIpAddresses": []}
+    if kind != "efa-only":
+        addressed = {
+            "PrivateDnsName": _dns(own, region),
+            "PrivateIpAddress": own,
+            "PrivateIpAddresses": [
+                {"Primary": True, "PrivateDnsName": _dns(own, region), "PrivateIpAddress": own}
+            ],
+        }
     return {
         "Attachment": {
             "AttachTime": launched,
             "AttachmentId": f"eni-attach-{_hex(seed + 'a', 17)}",
-            "DeleteOnTermination": True,
-            "DeviceIndex": 0 if card == 0 else 1,
+            "DeleteOnTermination": entry.get("DeleteOnTermination", False),
+            "DeviceIndex": device,
             "NetworkCardIndex": card,
             "InstanceId": instance_id,
             "InstanceOwnerId": ACCOUNT,
@@ -64,18 +120,14 @@ def network_interface(
             "UdpStreamTimeout": 180,
             "UdpTimeout": 30,
         },
-        "Description": "",
+        "Description": entry.get("Description", ""),
         "Groups": [GROUP],
-        "InterfaceType": "efa",
+        "InterfaceType": kind,
         "Ipv6Addresses": [],
         "MacAddress": ":".join(_hex(seed + "m", 12)[i : i + 2] for i in range(0, 12, 2)),
         "NetworkInterfaceId": f"eni-{_hex(seed, 17)}",
         "OwnerId": ACCOUNT,
-        "PrivateDnsName": _dns(own, region),
-        "PrivateIpAddress": own,
-        "PrivateIpAddresses": [
-            {"Primary": True, "PrivateDnsName": _dns(own, region), "PrivateIpAddress": own}
-        ],
+        **addressed,
         "RequesterManaged": False,
         "SourceDestCheck": True,
         "Status": "in-use",
@@ -97,7 +149,7 @@ def instance_interface(interface: dict[str, Any]) -> dict[str, Any]:
             "OwnerId", "PrivateDnsName", "PrivateIpAddress", "PrivateIpAddresses",
             "SourceDestCheck", "Status", "SubnetId", "VpcId", "InterfaceType",
             "Operator")  # fmt: skip
-    return {"Attachment": attachment, **{k: interface[k] for k in keep}}
+    return {"Attachment": attachment, **{k: interface[k] for k in keep if k in interface}}
 
 
 def instance(

@@ -27,6 +27,7 @@ from typing import Any
 
 from scripts.cluster_lib import REPO_ROOT, ClusterError
 from scripts.cluster_lib.documents import DOCUMENT_NAMES
+from scripts.rehearsal import sdk_parameters
 from scripts.rehearsal.aws_stand_in import LocalCloud
 
 ACCOUNT = "123456789012"
@@ -106,10 +107,10 @@ def _pascal(value: Any) -> Any:
 
 
 class SfnAsSdkIntegration:
-    """Step Functions' own API as an AWS SDK integration sees it. The service takes and gives
-    member names in PascalCase (StateMachineArn, Executions[*].Name) and converts them for the
-    API, whose JSON names are camelCase; moto's interpreter passes them through unchanged (its
-    StateTaskServiceAwsSdk has no name conversion), so this client converts both ways."""
+    """Step Functions' own API as an AWS SDK integration sees it: it gives member names in
+    PascalCase (Executions[*].Name) where the API's JSON names are camelCase; moto's
+    interpreter passes botocore's through unchanged, so this client converts the answer (the
+    request's names are converted for every service by `sdk_parameter_names`)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -118,10 +119,81 @@ class SfnAsSdkIntegration:
         method = getattr(self.client, name)
 
         def call(**params: Any) -> Any:
-            response = method(**{k[:1].lower() + k[1:]: v for k, v in params.items()})
-            return _pascal(response)
+            return _pascal(method(**params))
 
         return call
+
+
+@contextlib.contextmanager
+def sdk_parameter_names() -> Iterator[None]:
+    """moto's interpreter, made to take an AWS SDK task's Parameters as Step Functions does:
+    every name in PascalCase, checked against botocore's input shape (sdk_parameters.py) and
+    converted to botocore's names for the call. A field Step Functions would refuse ends the
+    task with States.Runtime, as the service reports it; moto passes the names to boto3
+    unchanged (StateTaskServiceAwsSdk._eval_service_task, moto 5.2), which takes botocore's
+    own `key` where Step Functions refuses it."""
+    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk as aws_sdk,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    task = aws_sdk.StateTaskServiceAwsSdk
+    original = task._eval_service_task
+
+    def eval_service_task(
+        self: Any,
+        env: Any,
+        resource_runtime_part: Any,
+        normalised_parameters: dict[str, Any],
+        state_credentials: Any,
+    ) -> None:
+        parameters = normalised_parameters
+        resource = f"arn:aws:states:::aws-sdk:{self.resource.api_name}:{self.resource.api_action}"
+        try:
+            _, _, shape = sdk_parameters.input_shape(resource)
+            converted = sdk_parameters.to_boto(shape, parameters)
+        except sdk_parameters.SdkParameterError as error:
+            runtime_error = StatesErrorNameType.StatesRuntime
+            cause = (
+                f"The Parameters {json.dumps(parameters, separators=(',', ':'))!r} could not "
+                f"be used to start the Task: [{error}]"
+            )
+            raise FailureEventException(
+                failure_event=FailureEvent(
+                    env=env,
+                    error_name=StatesErrorName(typ=runtime_error),
+                    event_type=HistoryEventType.TaskFailed,
+                    event_details=EventDetails(  # type: ignore[typeddict-item]
+                        taskFailedEventDetails=TaskFailedEventDetails(
+                            error=runtime_error.to_name(), cause=cause
+                        )
+                    ),
+                )
+            ) from None
+        original(
+            self,
+            env=env,
+            resource_runtime_part=resource_runtime_part,
+            normalised_parameters=converted,
+            state_credentials=state_credentials,
+        )
+
+    task._eval_service_task = eval_service_task  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        task._eval_service_task = original  # type: ignore[method-assign]
 
 
 #: A JSONPath that may match any number of nodes (a deep scan, a wildcard, a filter, a slice or
@@ -218,8 +290,9 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     name = machine["Properties"].get("StateMachineName", f"{cloud.cluster_name}-jobs")
     # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
-    paths = jayway_json_paths()
+    paths, names = jayway_json_paths(), sdk_parameter_names()
     paths.__enter__()
+    names.__enter__()
     mock.start()
     aws_sdk.boto_client_for = client_for
     # The interpreter logs, at ERROR, every JSONPath a Choice finds absent ($.Grace before a
@@ -248,4 +321,5 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         aws_sdk.boto_client_for = original
         quiet.setLevel(level)
         mock.stop()
+        names.__exit__(None, None, None)
         paths.__exit__(None, None, None)
