@@ -188,7 +188,13 @@ def term(signum, frame):
     open(os.path.join(out, f"saved-{os.getpid()}"), "w").close()
     open(os.path.join(out, "saved"), "w").write(str(os.getpid()))
     sys.exit(0)
+# WORKER_HANDLER_AFTER: a file the worker waits for before it handles SIGTERM (a trainer still
+# importing its libraries when the leg ends).
+gate = os.environ.get("WORKER_HANDLER_AFTER")
+while gate and not os.path.exists(gate):
+    time.sleep(0.1)
 signal.signal(signal.SIGTERM, term)
+open(os.path.join(out, f"handling-{os.getpid()}"), "w").close()
 while True:
     time.sleep(0.2)
 """

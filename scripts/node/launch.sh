@@ -208,13 +208,45 @@ stop_leg() {
 }
 trap stop_leg TERM INT HUP
 # The leg's end: SIGTERM to the trainers themselves (torchrun's children), not to torchrun,
-# which would SIGKILL its workers 30 s later, too soon for a large checkpoint.
+# which would SIGKILL its workers 30 s later, too soon for a large checkpoint. A trainer gets
+# it once it handles SIGTERM (SigCgt in /proc/<pid>/status, proc(5)): one still importing
+# would die of it instead of saving. Until torchrun ends, end_leg looks again every
+# LEG_END_RECHECK seconds, so a worker that torchrun starts, or that sets its handler, after
+# the time limit is asked too.
+LEG_END_RECHECK=2
 leg_ended=0
+signalled=" "
+recheck=""
 # shellcheck disable=SC2317  # runs from the USR1 trap
 end_leg() {
-  leg_ended=1
-  log "job $job_id: leg time limit reached ($((SECONDS)) s of $time_limit, $stop_grace s kept to save): asking the trainers to checkpoint and exit"
-  pkill -TERM -P "$child" 2>/dev/null || true
+  if ((!leg_ended)); then
+    leg_ended=1
+    log "job $job_id: leg time limit reached ($((SECONDS)) s of $time_limit, $stop_grace s kept to save): asking the trainers to checkpoint and exit"
+  fi
+  local pid
+  for pid in $(pgrep -P "$child" 2>/dev/null); do
+    [[ $signalled == *" $pid "* ]] && continue
+    catches_sigterm "$pid" || continue
+    kill -TERM "$pid" 2>/dev/null && signalled+="$pid "
+  done
+  stop_recheck
+  (
+    trap - TERM
+    sleep "$LEG_END_RECHECK" && kill -USR1 $$ 2>/dev/null
+  ) {job_log}>&- &
+  recheck=$!
+}
+# shellcheck disable=SC2317  # called from end_leg
+catches_sigterm() {
+  local mask
+  mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
+  [[ $mask =~ ^[0-9a-f]+$ ]] && (((16#$mask >> 14) & 1))  # SIGTERM is 15: bit 14
+}
+stop_recheck() {
+  [[ -n $recheck ]] || return 0
+  pkill -P "$recheck" 2>/dev/null || true
+  kill "$recheck" 2>/dev/null || true
+  recheck=""
 }
 timer=""
 if ((time_limit > 0)); then
@@ -235,6 +267,7 @@ done
 status=0
 wait "$child" || status=$?
 trap - USR1
+stop_recheck
 if [[ -n $timer ]]; then
   pkill -P "$timer" 2>/dev/null || true
   kill "$timer" 2>/dev/null || true
