@@ -2,6 +2,7 @@
 
     neuron_release.py check --venv /opt/aws_neuronx_venv_pytorch_2_9
     neuron_release.py versions --venv /opt/aws_neuronx_venv_pytorch_2_9
+    neuron_release.py image --region us-east-1      (an operator's machine, with credentials)
 
 Reads the five components that make a Neuron release on a node, each the way Neuron
 documents it: torch-neuronx, neuronx-cc and libneuronxla from the Neuron venv's package
@@ -19,6 +20,12 @@ there), else 1 with one line naming the versions found and the supported range. 
 prints the components as one word (`torch-neuronx:2.9.0.2.13.26312,...`) for preflight's
 software agreement. Standard library only: bootstrap runs it with the system python3.
 TRAINIUM_SYS_MODULE redirects /sys/module (the tests).
+
+`image` finds the image to pin in a region: the table's DLAMI of its image release, by name and
+by the SDK version in its description (EC2 DescribeImages, as the Neuron DLAMI User Guide's
+"Finding a DLAMI for a specific Neuron SDK version" does: Neuron publishes SSM parameters for
+the latest DLAMI only), the newest if several; it prints `ami=ami-...` and what the image is
+(boto3, imported there only).
 """
 
 from __future__ import annotations
@@ -160,16 +167,64 @@ def verdict(versions: dict[str, str], table: dict[str, Any]) -> tuple[bool, str]
     )
 
 
+def image_filters(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """DescribeImages filters for the table's image (botocore's ec2 model: Name, Values)."""
+    image = table["image"]
+    return [
+        {"Name": "name", "Values": [image["name_filter"]]},
+        {"Name": "description", "Values": [image["description_filter"]]},
+        {"Name": "architecture", "Values": ["x86_64"]},
+        {"Name": "state", "Values": ["available"]},
+    ]
+
+
+def find_image(ec2: Any, table: dict[str, Any], region: str) -> tuple[bool, str]:
+    """The image to pin in `region` as `ami=...` and what it is, or one line saying why not."""
+    image = table["image"]
+    answer = ec2.describe_images(Owners=[image["owner"]], Filters=image_filters(table))
+    images = sorted(answer.get("Images", []), key=lambda i: i.get("CreationDate", ""))
+    if not images:
+        return False, (
+            f"no image of Neuron {image['neuron']} in {region}: DescribeImages found no "
+            f"{image['name_filter']} owned by {image['owner']} whose description matches "
+            f"{image['description_filter']}; pin an ami-... of a supported release yourself "
+            "(docs/deploy.md)"
+        )
+    newest = images[-1]
+    return True, (
+        f"ami={newest['ImageId']}  # {newest.get('Name', '')}: {newest.get('Description', '')}"
+    )
+
+
+def image_main(region: str, table: dict[str, Any]) -> int:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        ok, line = find_image(boto3.client("ec2", region_name=region), table, region)
+    except (BotoCoreError, ClientError) as error:
+        ok, line = False, f"could not look the image up in {region}: {error}"
+    print(line)
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("check", "versions"))
-    parser.add_argument("--venv", required=True, type=Path, help="the Neuron venv")
+    parser.add_argument("action", choices=("check", "versions", "image"))
+    parser.add_argument("--venv", type=Path, help="the Neuron venv (check, versions)")
+    parser.add_argument("--region", help="the region to find the image in (image)")
     args = parser.parse_args(argv)
     try:
         table = load_table()
     except (OSError, ValueError) as error:
         print(f"cannot read the Neuron release table {TABLE}: {error}")
         return 2
+    if args.action == "image":
+        if not args.region:
+            parser.error("image needs --region, e.g. --region us-east-1")
+        return image_main(args.region, table)
+    if args.venv is None:
+        parser.error(f"{args.action} needs --venv, the Neuron venv")
     versions = node_versions(args.venv)
     if args.action == "versions":
         print(as_word(versions))
