@@ -161,14 +161,16 @@ print(len(devices), cores, ",".join(busy) or "-")
 # the Neuron venv, the runtime package and the loaded driver. On a Trainium node they must lie
 # within the releases that train with PyTorch/XLA (neuron_releases.json): bootstrap refuses an
 # image outside them, so a node that passed bootstrap and is outside them now had its software
-# changed since, and a new node from the image is the fix (exit 3). The agreement compares the
-# versions across the nodes (NEURON_SOFTWARE).
+# changed since, and a new node from the image is the fix (exit 3). Checked only once bootstrap
+# has finished and the Neuron checks passed: before that the driver may not be loaded yet, and a
+# failed check has said what is wrong. The agreement compares the versions across the nodes
+# (NEURON_SOFTWARE).
 neuron_software=unknown
 check_neuron_release() {
   local verdict
   neuron_software=$(python3 "$NODE_DIR/neuron_release.py" versions --venv "${NEURON_VENV:-/nonexistent}" 2>/dev/null) ||
     neuron_software=unknown
-  ((expect_trainium)) || return 0
+  ((expect_trainium && ${#failures[@]} == 0)) || return 0
   if verdict=$(python3 "$NODE_DIR/neuron_release.py" check --venv "${NEURON_VENV:-/nonexistent}" 2>&1); then
     pass neuron-release "$verdict"
   else
