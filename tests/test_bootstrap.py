@@ -987,8 +987,9 @@ def test_bootstrap_refuses_an_image_outside_the_neuron_releases_that_train(
     if not refused:
         assert result.returncode == 0, output(result)
         assert re.search(
-            rf"\] Neuron [0-9. or]*{re.escape(release)}[0-9. or]* software, within the supported "
-            rf"range: torch-neuronx {NEURON_RELEASES[release]['torch-neuronx']}, ",
+            rf"\] Neuron software within the supported range \(Neuron [0-9. or]*"
+            rf"{re.escape(release)}[0-9. or]*\): torch-neuronx "
+            rf"{NEURON_RELEASES[release]['torch-neuronx']}, ",
             result.stdout,
         ), result.stdout
         return

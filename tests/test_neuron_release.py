@@ -19,6 +19,7 @@ from scripts.node.neuron_release import (
     image_filters,
     load_table,
     main,
+    verdict,
     version_key,
 )
 
@@ -111,3 +112,22 @@ def test_missing_arguments_are_named(
         main(argv)
     assert ended.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_each_component_is_checked_against_its_own_range() -> None:
+    """Versions of two releases that train pass (a driver of 2.28.1 under 2.29.1's packages:
+    the driver stays compatible with older runtimes, Neuron runtime troubleshooting guide);
+    one component past the range fails the node, named in the line."""
+    packages = {row["neuron"]: row["packages"] for row in TABLE["releases"]}
+    mixed = {**packages["2.29.1"], "aws-neuronx-dkms": packages["2.28.1"]["aws-neuronx-dkms"]}
+    ok, line = verdict(mixed, TABLE)
+    assert ok, line
+    assert line.startswith(
+        "Neuron software within the supported range (versions of several Neuron releases): "
+    )
+    newer = {**packages["2.29.1"], "aws-neuronx-runtime-lib": "2.32.31.0"}
+    ok, line = verdict(newer, TABLE)
+    assert not ok
+    assert "runtime 2.32.31.0, driver 2.27.4.0 (versions of several Neuron releases)" in line
+    missing = {**packages["2.29.1"], "torch-neuronx": "none"}
+    assert not verdict(missing, TABLE)[0]

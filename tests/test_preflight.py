@@ -177,7 +177,8 @@ def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
     assert "nccom-multinode" not in output
     assert "PASS neuron: 16 Neuron devices, 32 NeuronCores, all idle" in output
     assert (
-        "PASS neuron-release: Neuron 2.29.1 software, within the supported range: torch-neuronx "
+        "PASS neuron-release: Neuron software within the supported range (Neuron 2.29.1): "
+        "torch-neuronx "
         "2.9.0.2.13.26312, neuronx-cc 2.24.8799.0, libneuronxla 2.2.16408.0, runtime 2.31.24.0, "
         "driver 2.27.4.0"
     ) in output
@@ -230,7 +231,7 @@ def test_preflight_checks_the_neuron_release(node: FakeNode, release: str, statu
         )
     else:
         line = next(x for x in result.stderr.splitlines() if "] PASS neuron-release: " in x)
-        assert release in line.split(" software, within the supported range: ")[0], line
+        assert release in line.split("): ")[0].split(" (Neuron ")[1], line
 
 
 def test_preflight_reports_busy_cores_and_a_hardware_fault(node: FakeNode) -> None:
@@ -545,6 +546,7 @@ def test_a_rehearsal_node_presents_the_default_images_neuron_release(tmp_path: P
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == (
-        "Neuron 2.29.1 software, within the supported range: torch-neuronx 2.9.0.2.13.26312, "
-        "neuronx-cc 2.24.8799.0, libneuronxla 2.2.16408.0, runtime 2.31.24.0, driver 2.27.4.0\n"
+        "Neuron software within the supported range (Neuron 2.29.1): torch-neuronx "
+        "2.9.0.2.13.26312, neuronx-cc 2.24.8799.0, libneuronxla 2.2.16408.0, runtime 2.31.24.0, "
+        "driver 2.27.4.0\n"
     )

@@ -154,9 +154,9 @@ def verdict(versions: dict[str, str], table: dict[str, Any]) -> tuple[bool, str]
         if versions[name] == NONE or not within(versions[name], *span[name])
     ]
     names = [row["neuron"] for row in releases_of(versions, table)]
-    release = f"Neuron {' or '.join(names)}" if names else "no single Neuron release"
+    release = f"Neuron {' or '.join(names)}" if names else "versions of several Neuron releases"
     if not outside:
-        return True, f"{release} software, within the supported range: {describe(versions)}"
+        return True, f"Neuron software within the supported range ({release}): {describe(versions)}"
     ranges = ", ".join(f"{short} {span[name][0]} to {span[name][1]}" for name, short in COMPONENTS)
     image = table["image"]
     return False, (
