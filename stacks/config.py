@@ -17,7 +17,10 @@ from typing import Any
 
 from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES, InstanceTypeSpec
 
-#: The PyTorch 2.9 Neuron DLAMI: the last line with PyTorch/XLA training (torch-neuronx 2.9).
+#: The PyTorch 2.9 Neuron DLAMI's parameter. Neuron publishes parameters for the latest DLAMI of
+#: each type only, and this one is frozen at Neuron 2.31.x, which no longer trains with
+#: PyTorch/XLA: the nodes refuse it (scripts/node/neuron_releases.json). Pin an image of Neuron
+#: 2.29.1 instead (ami=ami-..., found as docs/deploy.md "The node image" shows).
 DEFAULT_AMI_PARAMETER = "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id"
 
 #: Availability Zone IDs (not names: names differ between accounts) of a zone that offers trn1

@@ -27,7 +27,12 @@ import pytest
 
 from tests.aws_cli import check_command
 from tests.node_support import NODE, FakeNode
-from tests.test_preflight import healthy_trainium
+from tests.test_preflight import (
+    NEURON_RELEASES,
+    REFUSED_2_31_1,
+    healthy_trainium,
+    neuron_release,
+)
 
 INSTANCE_STORE = "Amazon EC2 NVMe Instance Storage"
 FSX_DEVICE = "fs-1.fsx.us-east-1.amazonaws.com@tcp:/abcdef"
@@ -190,12 +195,13 @@ fi
 exec "$(dirname "$0")/python-real" "$@"
 """
 # What the DLAMI's Neuron venv holds, as far as these tests care: name -> (version, requires).
+# The Neuron packages at Neuron 2.29.1's versions (src/helperscripts/n2-manifest.json).
 NEURON_VENV_PACKAGES: dict[str, tuple[str, list[str]]] = {
     "torch": ("2.9.0+cpu", ["filelock", "typing-extensions>=4.10.0", "pytest ; extra == 'test'"]),
     "torch-xla": ("2.9.0", ["numpy", "pyyaml", "absl-py>=1.0.0"]),
-    "torch-neuronx": ("2.9.0.2.15.32035", ["torch==2.9.*", "torch-xla==2.9.*", "libneuronxla"]),
-    "libneuronxla": ("2.2.17544.0", ["boto3", "numpy"]),
-    "neuronx-cc": ("2.26.6360.0", ["numpy<3", "protobuf>3"]),
+    "torch-neuronx": ("2.9.0.2.13.26312", ["torch==2.9.*", "torch-xla==2.9.*", "libneuronxla"]),
+    "libneuronxla": ("2.2.16408.0", ["boto3", "numpy"]),
+    "neuronx-cc": ("2.24.8799.0", ["numpy<3", "protobuf>3"]),
     "neuronx-distributed": ("0.19.28492", ["transformers"]),
     "numpy": ("2.2.6", []),
     "pyyaml": ("6.0.2", []),
@@ -982,6 +988,51 @@ def test_bootstrap_failure_names_the_phase_and_line_and_leaves_no_ready_marker(
     assert failed.split(" ", 1)[1].strip() in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("release", "refused"),
+    [("2.29.1", False), ("2.28.0", False), ("2.27.0", False), ("2.30.0", True), ("2.31.1", True)],
+)
+def test_bootstrap_refuses_an_image_outside_the_neuron_releases_that_train(
+    node: FakeNode, release: str, refused: bool
+) -> None:
+    """Neuron 2.30.0 and later still ship torch-neuronx 2.9, but "PyTorch/XLA is no longer
+    supported for training workloads on Trainium" (Neuron's announcement
+    announce-no-support-pytorch-xla-training): bootstrap reads the node's torch-neuronx,
+    neuronx-cc and libneuronxla (the venv's package metadata), runtime (dpkg-query) and driver
+    (/sys/module/neuron/version) and refuses such an image in one line, which the failed
+    marker keeps for preflight (exit 3) and the group replaces the node."""
+    bootstrap_node(node)
+    neuron_release(node, release, venv=node.root / "neuron-venv")
+    result = run_bootstrap(node)
+    if not refused:
+        assert result.returncode == 0, output(result)
+        assert re.search(
+            rf"\] Neuron software within the supported range \(Neuron [0-9. or]*"
+            rf"{re.escape(release)}[0-9. or]*\): torch-neuronx "
+            rf"{NEURON_RELEASES[release]['torch-neuronx']}, ",
+            result.stdout,
+        ), result.stdout
+        return
+    assert result.returncode == 1
+    line = error_lines(result)
+    assert len(line) == 1 and line[0].startswith(
+        "Neuron software outside the supported range: found torch-neuronx "
+        f"{NEURON_RELEASES[release]['torch-neuronx']}, "
+    ), line
+    if release == "2.31.1":
+        assert line == [REFUSED_2_31_1]
+    assert (node.state / "failed").read_text().split(" ", 1)[1] == line[0] + "\n"
+    assert not (node.state / "ready").exists()
+    assert "phase python: start" not in result.stdout, "refused in phase neuron"
+    aws = [c for c in node.calls() if c.startswith("aws ")]
+    assert any("--lifecycle-action-result ABANDON" in c for c in aws)
+    node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
+    node.write_env()
+    check = node.run("preflight.sh", "--hosts", "10.1.0.12", "--nproc-per-node", "1")
+    assert check.returncode == 3, check.stderr
+    assert f"replace this node: bootstrap failed on this boot: {line[0]}" in check.stderr
+
+
 def test_a_bootstrap_that_fails_on_a_later_boot_gets_the_node_replaced(node: FakeNode) -> None:
     """After a reboot there is no launch to abandon and the EC2 status checks pass: bootstrap
     marks the instance Unhealthy (autoscaling SetInstanceHealth) and leaves the failed marker,
@@ -1154,9 +1205,9 @@ def test_requirements_plan_keeps_what_the_neuron_stack_depends_on() -> None:
         "depends on it)",
     ]
     assert constraints == [
-        "absl-py==2.1.0", "boto3==1.40.0", "filelock==3.16.0", "libneuronxla==2.2.17544.0",
-        "neuronx-cc==2.26.6360.0", "neuronx-distributed==0.19.28492", "numpy==2.2.6",
-        "protobuf==5.29.4", "pyyaml==6.0.2", "torch==2.9.0+cpu", "torch-neuronx==2.9.0.2.15.32035",
+        "absl-py==2.1.0", "boto3==1.40.0", "filelock==3.16.0", "libneuronxla==2.2.16408.0",
+        "neuronx-cc==2.24.8799.0", "neuronx-distributed==0.19.28492", "numpy==2.2.6",
+        "protobuf==5.29.4", "pyyaml==6.0.2", "torch==2.9.0+cpu", "torch-neuronx==2.9.0.2.13.26312",
         "torch-xla==2.9.0", "typing-extensions==4.12.2",
     ]  # fmt: skip
 
@@ -1277,7 +1328,10 @@ def test_real_pip_installs_into_the_workload_venv_and_never_into_the_neuron_venv
     shutil.rmtree(venv)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     dlami, shipped = node.root / "dlami-wheels", node.workload / "wheels"
-    build_wheel(dlami, "libneuronxla", "2.2.17544.0", ("numpy>=1.21.6",))
+    # The Neuron packages at Neuron 2.29.1's versions, which bootstrap checks.
+    build_wheel(dlami, "libneuronxla", "2.2.16408.0", ("numpy>=1.21.6",))
+    build_wheel(dlami, "torch-neuronx", "2.9.0.2.13.26312")
+    build_wheel(dlami, "neuronx-cc", "2.24.8799.0")
     build_wheel(dlami, "numpy", "2.2.6")
     build_wheel(dlami, "transformers", "4.57.1", ("numpy>=1.17",))
     build_wheel(dlami, "boto3", "1.40.0")
@@ -1288,8 +1342,9 @@ def test_real_pip_installs_into_the_workload_venv_and_never_into_the_neuron_venv
         "--quiet", "--disable-pip-version-check", "--no-index", "--find-links", str(dlami),
     ]  # fmt: skip
     subprocess.run(
-        [*pip, "libneuronxla", "transformers==4.57.1", "boto3"], check=True, capture_output=True
-    )
+        [*pip, "libneuronxla", "torch-neuronx", "neuronx-cc", "transformers==4.57.1", "boto3"],
+        check=True, capture_output=True,
+    )  # fmt: skip
     (venv / "bin" / "python").rename(venv / "bin" / "python-real")
     tool(venv / "bin", "python", REAL_PIP_NEURON_PYTHON)
     (node.workload / "requirements.txt").write_text("transformers==5.23.0\nnumpy==2.4.6\n")
@@ -1306,8 +1361,9 @@ def test_real_pip_installs_into_the_workload_venv_and_never_into_the_neuron_venv
     assert found[1].startswith(f"{venv}/")  # the Neuron venv's numpy 2.2.6
     neuron_site = site_packages(venv)
     assert sorted(p.name for p in neuron_site.glob("*.dist-info")) == [
-        "boto3-1.40.0.dist-info", "libneuronxla-2.2.17544.0.dist-info", "numpy-2.2.6.dist-info",
-        "transformers-4.57.1.dist-info",
+        "boto3-1.40.0.dist-info", "libneuronxla-2.2.16408.0.dist-info",
+        "neuronx_cc-2.24.8799.0.dist-info", "numpy-2.2.6.dist-info",
+        "torch_neuronx-2.9.0.2.13.26312.dist-info", "transformers-4.57.1.dist-info",
     ]  # fmt: skip
     assert not list(site_packages(layer).glob("numpy*"))
     assert "No broken requirements found." in result.stdout

@@ -155,6 +155,9 @@ def test_launch_on_trainium_sets_the_efa_and_neuron_environment(node: FakeNode) 
     assert "--model-type=transformer" in flags
     assert "--auto-cast=none" in flags  # precision is train.py's (test_workload_precision.py)
     assert any(flag.startswith("--optlevel=") for flag in flags)
+    # Neuron's persistent cache documentation: without it a failed or interrupted compile in
+    # the shared cache is skipped ("Got a cached failed neff") by every later run.
+    assert "--retry_failed_compilation" in flags
     assert env["TRAINIUM_JOB_ID"] == "bert-1"
     assert env["PYTHONPATH"].split(":")[0] == str(node.root)
 
@@ -190,10 +193,15 @@ def test_neuron_cc_flags_can_be_overridden(node: FakeNode) -> None:
     node.write_env()
     result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j")
     assert result.returncode == 0, result.stderr
+    # ... but a failed entry in the shared compile cache is always compiled again.
     assert (
         node.torchrun_env()["NEURON_CC_FLAGS"]
-        == "--model-type=transformer --auto-cast=none --optlevel=1"
+        == "--model-type=transformer --auto-cast=none --optlevel=1 --retry_failed_compilation"
     )
+    node.settings["NEURON_CC_FLAGS"] = "--retry_failed_compilation --optlevel=1"
+    node.write_env()
+    assert node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j").returncode == 0
+    assert node.torchrun_env()["NEURON_CC_FLAGS"] == "--retry_failed_compilation --optlevel=1"
 
 
 def test_launch_refuses_more_processes_than_neuron_cores(node: FakeNode) -> None:
@@ -239,6 +247,67 @@ def test_launch_passes_on_the_contracts_exit_statuses(node: FakeNode, status: in
             result.stdout
         )
     assert "reporting 1" not in result.stdout + result.stderr
+
+
+# A job whose compiles failed, with the lines Neuron's documentation shows for them: the
+# cache's wrapper skipping a failed entry (Neuron persistent cache documentation,
+# neuron-caching.rst), the runtime failing to read an entry on a shared file system (the
+# PyTorch 2.x application note, introducing-pytorch-2-x.rst), a compiler log line naming the
+# module only ("<time>: <pid> [INFO]: Compilation Successfully Completed for
+# model.MODULE_<hash>+<flags>.hlo_module.pb" in the NKI quickstart, here at ERROR); and one
+# that succeeded.
+FAILED_COMPILES = """#!/usr/bin/env bash
+echo "INFO ||NCC_WRAPPER||: Using a cached neff at $CACHE/neuronxcc-2.24.8799.0+f1d1b0b0/\
+MODULE_198775565831884870+d41d8cd9/model.neff. Exiting with a successfully compiled graph."
+echo "INFO ||NCC_WRAPPER||: Got a cached failed neff at $CACHE/neuronxcc-2.24.8799.0+f1d1b0b0/\
+MODULE_12486829708343293975+d41d8cd9/model.neff. Will skip compilation, please set \
+--retry_failed_compilation for recompilation."
+echo "[rank3]: RuntimeError: Bad StatusOr access: INVALID_ARGUMENT: RunNeuronCCImpl: error \
+condition !(error != 400): <class 'OSError'>: [Errno 61] No data available: \
+'$CACHE/neuronxcc-2.24.8799.0+f1d1b0b0/MODULE_3540044791706521849+4eb52b03/model.neff' -> \
+'/tmp/tmpx7bvfpmm/model.neff'"
+echo "2026-04-13 01:46:33.000003: 837617 [ERROR]: Compilation failed for \
+model.MODULE_9886333626096130500+70e3f644.hlo_module.pb"
+exit 1
+"""
+
+
+def test_a_failed_compile_is_named_by_its_compile_cache_entry(node: FakeNode) -> None:
+    """The job's log and the agent's output name each compile cache entry the failed
+    compiles of this leg left (MODULE_<graph hash>+<flags hash> under neuronxcc-<version>);
+    a later leg's failure does not name the earlier leg's entries again."""
+    node.trainium()
+    cache = node.fsx / "neuron-compile-cache"
+    looked_up = cache / "neuronxcc-2.24.8799.0+f1d1b0b0" / "MODULE_9886333626096130500+70e3f644"
+    looked_up.mkdir(parents=True)
+    (looked_up / "model.hlo_module.pb").write_bytes(b"")
+    node.tool("torchrun", FAILED_COMPILES)
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+                      "1", CACHE=str(cache))  # fmt: skip
+    assert result.returncode == 1, result.stdout
+    named = [
+        line.split("its compile cache entry: ", 1)[1]
+        for line in result.stdout.splitlines()
+        if "a Neuron compile failed; its compile cache entry: " in line
+    ]
+    version = cache / "neuronxcc-2.24.8799.0+f1d1b0b0"
+    assert named == [
+        f"{version}/MODULE_12486829708343293975+d41d8cd9 (the next attempt compiles it again: "
+        "NEURON_CC_FLAGS has --retry_failed_compilation)",
+        f"{version}/MODULE_3540044791706521849+4eb52b03 (the next attempt compiles it again: "
+        "NEURON_CC_FLAGS has --retry_failed_compilation)",
+        f"{looked_up} (the next attempt compiles it again: NEURON_CC_FLAGS has "
+        "--retry_failed_compilation)",
+    ], result.stdout
+    log = (node.logs / "jobs" / "j.log").read_text()
+    assert all(f"its compile cache entry: {entry}" in log for entry in named)
+    node.tool("torchrun", "#!/usr/bin/env bash\necho 'a failure of another kind'\nexit 1\n")
+    again = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+                     "1", CACHE=str(cache))  # fmt: skip
+    assert again.returncode == 1
+    # The job's log keeps the first leg's three lines (the agent's tail shows them too), and
+    # the second leg adds none.
+    assert (node.logs / "jobs" / "j.log").read_text().count("its compile cache entry: ") == 3
 
 
 # The SSM agent reads some exit statuses itself (aws/amazon-ssm-agent
@@ -683,6 +752,21 @@ def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -
     log = (node.logs / "precompile" / "bert-1.log").read_text()
     assert "job bert-1: node rank 0 of 2" in log
     assert "job bert-1: torchrun finished on node rank 0" in log
+
+
+def test_precompile_compiles_again_what_a_failed_compile_left_in_the_cache(
+    node: FakeNode,
+) -> None:
+    """neuron_parallel_compile fills the shared cache with the job's flags: a failed entry
+    there is compiled again (--retry_failed_compilation, Neuron persistent cache
+    documentation), not skipped for every job after it."""
+    node.trainium()
+    neuron_venv(node, 'printf "%s" "$NEURON_CC_FLAGS" > "$FAKE_DIR/npc.flags"')
+    scratch = str(node.root / "scratch")
+    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j",
+                      "--nproc-per-node", "1", TRAINIUM_PRECOMPILE_DIR=scratch)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--retry_failed_compilation" in (node.root / "npc.flags").read_text().split()
 
 
 def test_precompile_reports_an_odd_status_of_the_compiler_as_1(node: FakeNode) -> None:

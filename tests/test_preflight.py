@@ -5,6 +5,7 @@ The fake node is tests/node_support.py.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -45,22 +46,92 @@ done
 # With $FAKE_DIR/fake-agreement, `python3 collective_check.py --agree ...` answers as the real
 # agreement does when every node passed and runs the same software (the fake torchrun, from
 # tests/node_support.py, answers for the all-reduce); everything else, and the agreement
-# without that file, runs the next python3 on PATH.
+# without that file, runs the next python3 on PATH (with the node's PATH: the Neuron release's
+# reader runs the node's dpkg-query).
 FAKE_PYTHON3 = """#!/usr/bin/env bash
 if [[ -f "$FAKE_DIR/fake-agreement" && $1 == collective_check.py && $2 == --agree ]]; then
   printf '%s\\n' "${@:3}" > "$FAKE_DIR/agreement.args"
   nodes=$(awk 'prev == "--nodes" {print} {prev = $0}' "$FAKE_DIR/agreement.args")
   software="version=$SOFTWARE_VERSION launch-template-version=$LAUNCH_TEMPLATE_VERSION ami=$AMI_ID"
+  software+=" neuron=$NEURON_SOFTWARE"
   echo "PASS node-software: $software on all $nodes nodes"
   exit 0
 fi
-PATH=${PATH//"$(dirname "$0")":/}
-exec python3 "$@"
+exec "$(PATH=${PATH//"$(dirname "$0")":/} command -v python3)" "$@"
 """
+
+
+# ------------------------------------------------------------------ the Neuron release
+#: The releases' package versions (scripts/node/neuron_releases.json, copied from Neuron's own
+#: manifest, aws-neuron-sdk src/helperscripts/n2-manifest.json, with its source).
+NEURON_RELEASES = {
+    row["neuron"]: row["packages"]
+    for row in json.loads((NODE / "neuron_releases.json").read_text())["releases"]
+}
+#: `dpkg-query -W -f='${Version}' <package>` as on a DLAMI: the Debian version, upstream and
+#: revision ("aws-neuronx-runtime-lib/now 2.27.7.0-765d5f599 amd64 [installed,local]" in
+#: Neuron's performance CLI tutorial), no newline; an absent package: status 1 and
+#: "dpkg-query: no packages found matching <package>".
+FAKE_DPKG_QUERY = """#!/usr/bin/env bash
+[[ $1 == -W && $2 == '-f=${Version}' ]] || { echo "fake dpkg-query: unexpected $*" >&2; exit 2; }
+f="$FAKE_DIR/dpkg/$3"
+[[ -f $f ]] || { echo "dpkg-query: no packages found matching $3" >&2; exit 1; }
+printf '%s' "$(cat "$f")"
+"""
+
+
+def neuron_word(neuron: str = "2.29.1") -> str:
+    """A release's versions as the agreement compares them (neuron_release.py versions)."""
+    packages = NEURON_RELEASES[neuron]
+    return (
+        f"torch-neuronx:{packages['torch-neuronx']},neuronx-cc:{packages['neuronx-cc']},"
+        f"libneuronxla:{packages['libneuronxla']},"
+        f"runtime:{packages['aws-neuronx-runtime-lib']},driver:{packages['aws-neuronx-dkms']}"
+    )
+
+
+def neuron_release(node: FakeNode, neuron: str = "2.29.1", venv: Path | None = None) -> None:
+    """The node presents Neuron release `neuron` as a DLAMI does: the runtime's Debian package
+    (dpkg-query), the loaded driver's /sys/module/neuron/version (here under
+    TRAINIUM_SYS_MODULE) and, in `venv` (default: a venv of package metadata only, made the
+    node's NEURON_VENV), torch-neuronx, neuronx-cc and libneuronxla's dist-info."""
+    packages = NEURON_RELEASES[neuron]
+    (node.root / "dpkg").mkdir(exist_ok=True)
+    (node.root / "dpkg" / "aws-neuronx-runtime-lib").write_text(
+        f"{packages['aws-neuronx-runtime-lib']}-6f1e6c0cc"
+    )
+    node.tool("dpkg-query", FAKE_DPKG_QUERY)
+    set_driver(node, packages["aws-neuronx-dkms"])
+    if venv is None:
+        venv = node.root / "dlami-venv"
+        node.settings["NEURON_VENV"] = str(venv)
+    site = next(venv.glob("lib/python3*/site-packages"), venv / "lib/python3.12/site-packages")
+    for name in ("torch-neuronx", "neuronx-cc", "libneuronxla"):
+        for old in site.glob(f"{name.replace('-', '_')}-*.dist-info"):
+            (old / "METADATA").unlink()
+            old.rmdir()
+        info = site / f"{name.replace('-', '_')}-{packages[name]}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {packages[name]}\n"
+        )
+    node.write_env()
+
+
+def set_driver(node: FakeNode, version: str, folder: str = "sys-module") -> Path:
+    """The loaded Neuron driver's version file (/sys/module/neuron/version), under `folder`,
+    made the node's TRAINIUM_SYS_MODULE; the folder."""
+    sys_module = node.root / folder
+    (sys_module / "neuron").mkdir(parents=True, exist_ok=True)
+    (sys_module / "neuron" / "version").write_text(f"{version}\n")
+    node.settings["TRAINIUM_SYS_MODULE"] = str(sys_module)
+    node.write_env()
+    return sys_module
 
 
 def healthy_trainium(node: FakeNode) -> None:
     node.tool("python3", FAKE_PYTHON3)
+    neuron_release(node)
     (node.root / "fake-agreement").touch()
     node.trainium()
     node.tool("lsmod", "#!/usr/bin/env bash\necho 'neuron 462848 0'\n")
@@ -96,6 +167,7 @@ def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
         "neuron-driver",
         "neuron",
         "neuron-hardware",
+        "neuron-release",
         "efa",
         "jobs-root",
         "collective",
@@ -104,6 +176,12 @@ def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
         assert re.search(rf"\] PASS {check}: ", output), f"no PASS {check}: {output}"
     assert "nccom-multinode" not in output
     assert "PASS neuron: 16 Neuron devices, 32 NeuronCores, all idle" in output
+    assert (
+        "PASS neuron-release: Neuron software within the supported range (Neuron 2.29.1): "
+        "torch-neuronx "
+        "2.9.0.2.13.26312, neuronx-cc 2.24.8799.0, libneuronxla 2.2.16408.0, runtime 2.31.24.0, "
+        "driver 2.27.4.0"
+    ) in output
     assert (node.root / "nccom.log").read_text().startswith("allr -r 32 -b 8 -e 1MB")
     assert result.stdout.splitlines()[0] == (
         "node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
@@ -115,6 +193,45 @@ def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
         "29600", "--nproc_per_node", "32",
     ]  # fmt: skip
     assert node.torchrun_env()["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:29601"
+
+
+#: The one line a node outside the range gets (bootstrap and preflight), here for Neuron 2.31.1,
+#: whose torch-neuronx 2.9 no longer trains (Neuron's announcement "Neuron no longer supports
+#: PyTorch/XLA for training starting with Neuron 2.30").
+REFUSED_2_31_1 = (
+    "Neuron software outside the supported range: found torch-neuronx 2.9.0.2.15.32035, "
+    "neuronx-cc 2.26.6360.0, libneuronxla 2.2.17544.0, runtime 2.33.10.0, driver 2.29.0.0 "
+    "(Neuron 2.31.0 or 2.31.1); supported: Neuron 2.27.0 to 2.29.1, the releases that train "
+    "with PyTorch/XLA (torch-neuronx 2.9.0.2.11.19912 to 2.9.0.2.13.26312, neuronx-cc "
+    "2.22.12471.0 to 2.24.8799.0, libneuronxla 2.2.14584.0 to 2.2.16408.0, runtime 2.29.40.0 "
+    "to 2.31.24.0, driver 2.25.4.0 to 2.27.4.0); launch an image of Neuron 2.29.1 (Deep "
+    "Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04), see docs/deploy.md)"
+)
+
+
+@pytest.mark.parametrize(
+    ("release", "status"),
+    [("2.27.1", 0), ("2.28.1", 0), ("2.29.0", 0), ("2.30.0", 3), ("2.31.1", 3)],
+)
+def test_preflight_checks_the_neuron_release(node: FakeNode, release: str, status: int) -> None:
+    """Inside Neuron 2.27.0 to 2.29.1 the node passes; from 2.30.0 on (torch-neuronx 2.9 still
+    shipped, training no longer supported) it is refused in one line, and replaced (exit 3):
+    bootstrap refuses such an image, so a node that passed it has had its software changed."""
+    healthy_trainium(node)
+    neuron_release(node, release, venv=node.root / "dlami-venv")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--nproc-per-node", "1",
+                      "--min-free-gb", "0")  # fmt: skip
+    assert result.returncode == status, result.stderr
+    if status:
+        assert f"] FAIL neuron-release: {REFUSED_2_31_1 if release == '2.31.1' else ''}" in (
+            result.stderr
+        )
+        assert "replace this node: its Neuron software is outside the supported range" in (
+            result.stderr
+        )
+    else:
+        line = next(x for x in result.stderr.splitlines() if "] PASS neuron-release: " in x)
+        assert release in line.split("): ")[0].split(" (Neuron ")[1], line
 
 
 def test_preflight_reports_busy_cores_and_a_hardware_fault(node: FakeNode) -> None:
@@ -253,11 +370,12 @@ def preflight_on_two_nodes(
     node: FakeNode,
     versions: tuple[str | None, str | None],
     args: tuple[list[str], list[str]] = ([], []),
+    node_settings: tuple[str, str] = ("", ""),
 ) -> list[subprocess.CompletedProcess[str]]:
     """preflight.sh on two loopback nodes at once, with the project's own torchrun running
     collective_check.py for real (gloo); each node's node.env carries its SOFTWARE_VERSION
     (None: no node.env, as on nodes older than the variables); `args` are each node's own
-    extra arguments."""
+    extra arguments and `node_settings` lines added to each node's node.env."""
     healthy_trainium(node)
     (node.root / "fake-agreement").unlink()  # the real agreement, through a real TCPStore
     env = real_torchrun(node)
@@ -265,11 +383,12 @@ def preflight_on_two_nodes(
     node.write_env()
     hosts, port = ("127.0.0.1", "127.0.0.2"), str(free_ports(3))
     runs = []
-    for address, version, extra in zip(hosts, versions, args, strict=True):
+    for address, version, extra, lines in zip(hosts, versions, args, node_settings, strict=True):
         node_env = node.root / f"node-{address}.env"
         if version is not None:
             node_env.write_text(
                 f"AMI_ID=ami-0123456789abcdef0\nLAUNCH_TEMPLATE_VERSION=7\nSOFTWARE_VERSION={version}\n"
+                + lines
             )
         command = [
             "bash", str(NODE / "preflight.sh"), "--hosts", ",".join(hosts), "--port", port,
@@ -294,9 +413,10 @@ def test_preflight_fails_where_the_nodes_run_different_software(node: FakeNode) 
     results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "0badc0ffee000001"))
     expected = (
         "FAIL node-software: the nodes run different software: node 0 (127.0.0.1) runs "
-        "version=5f0e2d9c1a7b3e44 launch-template-version=7 ami=ami-0123456789abcdef0; "
-        "node 1 (127.0.0.2) runs version=0badc0ffee000001 launch-template-version=7 "
-        "ami=ami-0123456789abcdef0: roll the fleet so that every node runs the current "
+        f"version=5f0e2d9c1a7b3e44 launch-template-version=7 ami=ami-0123456789abcdef0 "
+        f"neuron={neuron_word()}; node 1 (127.0.0.2) runs version=0badc0ffee000001 "
+        f"launch-template-version=7 ami=ami-0123456789abcdef0 neuron={neuron_word()}: roll "
+        "the fleet so that every node runs the current "
         "launch template (python scripts/cluster.py roll, see the README)"
     )
     for address, result in zip(("127.0.0.1", "127.0.0.2"), results, strict=True):
@@ -308,13 +428,33 @@ def test_preflight_fails_where_the_nodes_run_different_software(node: FakeNode) 
         assert f"preflight FAILED on {address}: node-software" in result.stderr
 
 
+def test_preflight_fails_where_the_nodes_run_different_neuron_releases(node: FakeNode) -> None:
+    """Same launch template and AMI, but node 1's driver is Neuron 2.28.1's (a node whose
+    driver was changed after launch): the agreement compares the Neuron release's versions
+    too, and refuses the mixed fleet (status 4) naming both."""
+    other = set_driver(node, NEURON_RELEASES["2.28.1"]["aws-neuronx-dkms"], "sys-module-other")
+    results = preflight_on_two_nodes(
+        node, ("5f0e2d9c1a7b3e44", "5f0e2d9c1a7b3e44"),
+        node_settings=("", f"TRAINIUM_SYS_MODULE={other}\n"),
+    )  # fmt: skip
+    mixed = neuron_word().replace("driver:2.27.4.0", "driver:2.26.10.0")
+    for result in results:
+        assert result.returncode == ROLL_FLEET_STATUS, result.stderr
+        assert (
+            "FAIL node-software: the nodes run different software: node 0 (127.0.0.1) runs "
+            "version=5f0e2d9c1a7b3e44 launch-template-version=7 ami=ami-0123456789abcdef0 "
+            f"neuron={neuron_word()}; node 1 (127.0.0.2) runs version=5f0e2d9c1a7b3e44 "
+            f"launch-template-version=7 ami=ami-0123456789abcdef0 neuron={mixed}: roll"
+        ) in result.stderr
+
+
 def test_preflight_passes_where_the_nodes_run_the_same_software(node: FakeNode) -> None:
     results = preflight_on_two_nodes(node, ("5f0e2d9c1a7b3e44", "5f0e2d9c1a7b3e44"))
     for result in results:
         assert result.returncode == 0, result.stderr
         assert (
             "PASS node-software: version=5f0e2d9c1a7b3e44 launch-template-version=7 "
-            "ami=ami-0123456789abcdef0 on all 2 nodes"
+            f"ami=ami-0123456789abcdef0 neuron={neuron_word()} on all 2 nodes"
         ) in result.stderr
         assert "PASS collective: all-reduce across 2 nodes x 1 processes" in result.stderr
 
@@ -365,3 +505,48 @@ def test_the_agreement_names_a_node_that_never_reports() -> None:
     )  # fmt: skip
     assert bad.returncode == 2
     assert "--agree needs --master-addr --port --node-rank --node-address" in bad.stderr
+
+
+# A process in a mount namespace of its own with a rehearsal node's mounts (the node agent's
+# own mount()), running the node's reader of its Neuron release as preflight does.
+PRESENTED = """
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[2])
+from scripts.rehearsal.node_agent import mount
+for spec in json.loads(open(sys.argv[1]).read()):
+    mount(spec)
+command = ["python3", "/opt/trainium-cluster/scripts/node/neuron_release.py", "check", "--venv",
+           "/opt/aws_neuronx_venv_pytorch_2_9"]
+env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+sys.exit(subprocess.run(command, env=env, check=False).returncode)
+"""
+
+
+@pytest.mark.netns
+def test_a_rehearsal_node_presents_the_default_images_neuron_release(tmp_path: Path) -> None:
+    """The rehearsal's nodes (scripts/rehearsal/instances.py) show their Neuron release where a
+    DLAMI does, so that bootstrap's and preflight's reader sees Neuron 2.29.1 there exactly as
+    on a node of the stack's default image."""
+    from types import SimpleNamespace
+
+    from scripts.rehearsal.instances import Instance, Instances
+
+    stand_in = object.__new__(Instances)
+    stand_in.hosts = SimpleNamespace(count=1)  # type: ignore[assignment]
+    stand_in.output, stand_in.cluster_name, stand_in.cores_per_node = tmp_path, "rehearsal", 2
+    stand_in.node_settings, stand_in.software_version = {}, "0123456789abcdef"
+    stand_in.python = sys.executable
+    instance = Instance(0, "i-0000000000000000a", "127.0.0.1", tmp_path / "node")
+    mounts = tmp_path / "mounts.json"
+    mounts.write_text(json.dumps(stand_in.lay_out(instance)))
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", PRESENTED,
+         str(mounts), str(NODE.parent.parent)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == (
+        "Neuron software within the supported range (Neuron 2.29.1): torch-neuronx "
+        "2.9.0.2.13.26312, neuronx-cc 2.24.8799.0, libneuronxla 2.2.16408.0, runtime 2.31.24.0, "
+        "driver 2.27.4.0\n"
+    )

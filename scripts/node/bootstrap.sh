@@ -15,7 +15,10 @@
 #   scratch         instance-store NVMe: RAID 0 over all of them (or the one), ext4, mounted
 #                   at SCRATCH_DIR; TMPDIR for jobs and the Neuron compiler goes there
 #   fsx             Lustre client for the running kernel, fstab entry, /fsx mounted
-#   neuron          Neuron driver loaded, NeuronCores visible (neuron-ls)
+#   neuron          Neuron driver loaded, NeuronCores visible (neuron-ls), and the image's
+#                   Neuron release one that trains with PyTorch/XLA: neuron_release.py
+#                   reads torch-neuronx, neuronx-cc, libneuronxla, the runtime and the driver
+#                   and refuses, in one line, versions outside neuron_releases.json's range
 #   efa             libfabric EFA provider present with EFA_DEVICE_COUNT devices (multi-node
 #                   clusters; fewer is a hardware fault: the node is replaced)
 #   python          the workload venv layered on the Neuron venv (see requirements_diff.py):
@@ -556,7 +559,7 @@ phase_fsx() {
 }
 
 phase_neuron() {
-  local cores
+  local cores verdict
   if [[ $INSTANCE_TYPE != trn* ]]; then
     log "INSTANCE_TYPE $INSTANCE_TYPE has no Neuron devices: skipped"
     return 0
@@ -570,6 +573,10 @@ phase_neuron() {
   cores=$(neuron_core_count)
   ((cores > 0)) || die "neuron-ls lists no NeuronCores"
   log "$cores NeuronCores visible"
+  # The image's Neuron release: its torch-neuronx, compiler, libneuronxla, runtime and driver
+  # must lie within the releases that train with PyTorch/XLA (neuron_releases.json).
+  verdict=$(python3 "$NODE_DIR/neuron_release.py" check --venv "$NEURON_VENV") || die "$verdict"
+  log "$verdict"
 }
 
 phase_efa() {

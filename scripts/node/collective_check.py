@@ -2,7 +2,8 @@
 
 `--agree` (one process per node, before anything else): the nodes agree on whether to run the
 all-reduce at all. Every node, whether its local checks passed or not, puts its address, its
-software (SOFTWARE_VERSION, LAUNCH_TEMPLATE_VERSION, AMI_ID; 'unknown' where unset) and the
+software (SOFTWARE_VERSION, LAUNCH_TEMPLATE_VERSION, AMI_ID, and NEURON_SOFTWARE: the versions
+of its Neuron release; 'unknown' where unset) and the
 names of its failed local checks into a torch TCPStore on the first host, waits until every
 node has done so (at most --timeout seconds), and all reach the same verdict from the same
 data: `FAIL node-software:` naming who runs what (exit 4: the fleet needs a roll; the supervisor
@@ -32,11 +33,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-#: The node scripts' software: bootstrap writes these into node.env (scripts/node/lib.sh).
+#: The node's software: the first three bootstrap writes into node.env (scripts/node/lib.sh);
+#: NEURON_SOFTWARE is preflight's reading of the Neuron release (torch-neuronx, neuronx-cc,
+#: libneuronxla, runtime, driver: neuron_release.py versions).
 SOFTWARE_FIELDS = (
     ("version", "SOFTWARE_VERSION"),
     ("launch-template-version", "LAUNCH_TEMPLATE_VERSION"),
     ("ami", "AMI_ID"),
+    ("neuron", "NEURON_SOFTWARE"),
 )
 #: Exit status when the nodes run different software (preflight.sh's 3 means "replace
 #: this node", which a roll of the fleet, not a replacement, fixes).
@@ -56,7 +60,7 @@ def use_xla(device: str) -> bool:
 
 
 def node_software() -> str:
-    """`version=... launch-template-version=... ami=...`, as preflight's node-software line."""
+    """`version=... launch-template-version=... ami=... neuron=...`: what the nodes compare."""
     return " ".join(f"{name}={os.environ.get(var) or 'unknown'}" for name, var in SOFTWARE_FIELDS)
 
 

@@ -175,8 +175,23 @@ show_job_tail() {
   printf '%s\n' "$tail"
   open_job_log
 }
+# A compile that failed or was interrupted stays in the shared Neuron compile cache as a
+# failed entry. Its lines in this leg's part of the job's log name it (failed_compile_entries
+# in lib.sh): say which entry, at most COMPILE_ENTRIES_SHOWN of them, in the agent's output
+# and the job's log. The next attempt compiles it again (--retry_failed_compilation).
+COMPILE_ENTRIES_SHOWN=10
+show_failed_compiles() {
+  local entries entry cache=${NEURON_COMPILE_CACHE_URL:-/var/tmp/neuron-compile-cache}
+  entries=$(tail -c +"$((log_start + 1))" "$node_log" 2>/dev/null | failed_compile_entries "$cache" || true)
+  [[ -n $entries ]] || return 0
+  while read -r entry; do
+    log "job $job_id: a Neuron compile failed; its compile cache entry: $entry (the next attempt compiles it again: NEURON_CC_FLAGS has --retry_failed_compilation)"
+  done < <(head -n "$COMPILE_ENTRIES_SHOWN" <<<"$entries")
+}
 # launch.sh's own errors (a failing tool's message) go to the agent's stdout, as its lines do.
 exec 2>&1
+# Where this leg's part of the job's log begins (a resumed job appends to the same log).
+log_start=$(stat -c %s "$node_log" 2>/dev/null || echo 0)
 open_job_log
 
 log "job $job_id: node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS), $NPROC processes, master ${HOSTS[0]}:$MASTER_PORT"
@@ -289,6 +304,7 @@ elif ((status == 0)); then
 else
   log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $SECONDS s"
   show_job_tail
+  show_failed_compiles
 fi
 # torchrun's status is reported as is when 0, 1, 3 or 4, else as 1 (report_exit_status in
 # lib.sh). 75 is launch.sh's own (the leg's end above): from torchrun it is a failure.

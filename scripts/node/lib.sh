@@ -297,6 +297,16 @@ export_job_environment() {
     # cast on top, and train.py refuses any --auto-cast but none. Override the whole
     # string through the environment or cluster.env.
     export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type=transformer --auto-cast=none --optlevel=2}"
+    # An interrupted or failed compile is cached as failed, and later runs skip it ("Got a
+    # cached failed neff ... please set --retry_failed_compilation": Neuron persistent cache
+    # documentation, about-neuron/arch/neuron-features/neuron-caching.rst). The stop path,
+    # the leg timer and the OOM killer all interrupt neuronx-cc, and the cache on /fsx is
+    # shared by every node and job: without the flag one interrupted compile fails every
+    # later attempt of every job with that graph. Added to an overriding string too. The
+    # cache's wrapper (neuron_cc_wrapper) reads it; it is not passed to the compiler.
+    if [[ " $NEURON_CC_FLAGS " != *" --retry_failed_compilation "* ]]; then
+      NEURON_CC_FLAGS+=" --retry_failed_compilation"
+    fi
     # The shared Neuron persistent cache: a directory on /fsx (bootstrap.sh checks it is on
     # the mounted file system), which the file system links to the compile-cache bucket.
     if [[ -n ${COMPILE_CACHE_URL:-} ]]; then
@@ -308,6 +318,30 @@ export_job_environment() {
   else
     log "no NeuronCores on this node: EFA and Neuron runtime variables left unset"
   fi
+}
+
+# The Neuron compile cache's entries named by a failed compile in a job's log (stdin), one
+# path per line: <cache>/neuronxcc-<version>/MODULE_<graph hash>+<flags hash>, which holds
+# the graph (model.hlo_module.pb), compile_flags.json and, once compiled, model.neff (the
+# layout in Neuron's persistent cache documentation and its profiling tutorial). A failed
+# compile's lines name the entry by its path ("Got a cached failed neff at
+# <entry>/model.neff", the runtime's "RunNeuronCCImpl: ... '<entry>/model.neff'") or by its
+# module ("model.MODULE_<hash>+<flags>.hlo_module.pb"), which is looked up under <cache>.
+# failed_compile_entries <cache-dir or URL>
+failed_compile_entries() {
+  local cache=${1%/} line module found
+  # Lines that say fail or error outside their paths (a path may hold any word).
+  awk '{text = $0; gsub(/[^ '"'"'"]*\/[^ '"'"'"]*/, "", text); if (tolower(text) ~ /fail|error/) print}' |
+    grep -oE '[^ '"'"'"]*MODULE_[0-9]+\+[0-9a-f]+' | sort -u | while read -r line; do
+    module=$(grep -oE 'MODULE_[0-9]+\+[0-9a-f]+' <<<"$line")
+    if [[ $line == */"$module"* ]]; then
+      echo "${line%%"$module"*}$module"
+    elif [[ -d $cache ]] && found=$(compgen -G "$cache/*/$module") && [[ -n $found ]]; then
+      head -n 1 <<<"$found"
+    else
+      echo "$cache/<neuronxcc version>/$module"
+    fi
+  done | sort -u
 }
 
 # Open files: Run Command starts every script with a soft RLIMIT_NOFILE of 1024 (systemd's

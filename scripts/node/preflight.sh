@@ -7,14 +7,16 @@
 #                [--wait-ready 900]
 #
 # Local checks: bootstrap finished (waits up to --wait-ready seconds), Neuron devices and
-# driver healthy and idle, no Neuron hardware errors in the kernel log, EFA provider present
-# with the EFA_DEVICE_COUNT devices of the instance type (multi-node), FSx mounted and the jobs
-# root writable, enough free disk, the open-file limit raised to the hard limit (which must
-# cover nodes x processes + 1024), a local nccom-test all-reduce over this node's NeuronCores
-# where the Neuron tools are installed (its output is read too: its exit status on a failed
-# check is not documented). Then the nodes agree (collective_check.py --agree, one process per
-# node, a TCPStore on the first host at --port + 2): every node says whether its local checks
-# passed and which software it runs (the node-software triple bootstrap recorded); a node that
+# driver healthy and idle, no Neuron hardware errors in the kernel log, the Neuron release's
+# versions within the range that trains (neuron_release.py), EFA provider present with the
+# EFA_DEVICE_COUNT devices of the instance type (multi-node), FSx mounted and the jobs root
+# writable, enough free disk, the open-file limit raised to the hard limit (which must cover
+# nodes x processes + 1024), a local nccom-test all-reduce over this node's NeuronCores where
+# the Neuron tools are installed (its output is read too: its exit status on a failed check
+# is not documented). Then the nodes agree (collective_check.py --agree, one process per node,
+# a TCPStore on the first host at --port + 2): every node says whether its local checks passed
+# and which software it runs (the node-software triple bootstrap recorded, and the versions of
+# its Neuron release: torch-neuronx, neuronx-cc, libneuronxla, runtime, driver); a node that
 # failed, a node that never reports (within --wait-ready + 180 s) and a mixed fleet stop every
 # node at once, without an all-reduce. Otherwise every node runs collective_check.py under
 # torchrun with the training environment (an all-reduce over all NeuronCores of all nodes:
@@ -24,10 +26,10 @@
 # `node-software:` line (the software version, launch template version and AMI that bootstrap
 # recorded; PASS/FAIL node-software: nodes that differ must be rolled, `cluster.py roll`).
 # Exits 1 when any check fails; 3 when the node should be replaced: bootstrap failed on this
-# boot (its marker $STATE_DIR/failed), a Neuron hardware error, fewer EFA devices than
-# EFA_DEVICE_COUNT (one line names the reasons); 4 when the nodes run different software (no
-# retry helps: the fleet needs a roll; the job supervisor ends the job on it). 3 wins over 4:
-# a broken node is replaced either way.
+# boot (its marker $STATE_DIR/failed), a Neuron hardware error, Neuron software outside the
+# supported range, fewer EFA devices than EFA_DEVICE_COUNT (one line names the reasons); 4
+# when the nodes run different software (no retry helps: the fleet needs a roll; the job
+# supervisor ends the job on it). 3 wins over 4: a broken node is replaced either way.
 # --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
@@ -119,7 +121,7 @@ check_neuron() {
   if ! grep -q '^neuron ' < <(lsmod 2>/dev/null || true); then
     fail neuron-driver "the neuron kernel module is not loaded (modprobe neuron; check the aws-neuronx-dkms package)"
   else
-    pass neuron-driver "neuron module loaded (version $(cat /sys/module/neuron/version 2>/dev/null || echo unknown))"
+    pass neuron-driver "neuron module loaded (version $(cat "${TRAINIUM_SYS_MODULE:-/sys/module}/neuron/version" 2>/dev/null || echo unknown))"
   fi
   # stdout only: neuron-ls prints its warnings on stderr, which would break the JSON.
   local errors
@@ -152,6 +154,28 @@ print(len(devices), cores, ",".join(busy) or "-")
     replace "it reports a Neuron hardware error"
   else
     pass neuron-hardware "no NEURON_HW_ERR in the kernel log"
+  fi
+}
+
+# The node's Neuron release (neuron_release.py): torch-neuronx, neuronx-cc and libneuronxla in
+# the Neuron venv, the runtime package and the loaded driver. On a Trainium node they must lie
+# within the releases that train with PyTorch/XLA (neuron_releases.json): bootstrap refuses an
+# image outside them, so a node that passed bootstrap and is outside them now had its software
+# changed since, and a new node from the image is the fix (exit 3). Checked only once bootstrap
+# has finished and the Neuron checks passed: before that the driver may not be loaded yet, and a
+# failed check has said what is wrong. The agreement compares the versions across the nodes
+# (NEURON_SOFTWARE).
+neuron_software=unknown
+check_neuron_release() {
+  local verdict
+  neuron_software=$(python3 "$NODE_DIR/neuron_release.py" versions --venv "${NEURON_VENV:-/nonexistent}" 2>/dev/null) ||
+    neuron_software=unknown
+  ((expect_trainium && ${#failures[@]} == 0)) || return 0
+  if verdict=$(python3 "$NODE_DIR/neuron_release.py" check --venv "${NEURON_VENV:-/nonexistent}" 2>&1); then
+    pass neuron-release "$verdict"
+  else
+    fail neuron-release "$(head -n 1 <<<"$verdict")"
+    replace "its Neuron software is outside the supported range"
   fi
 }
 
@@ -259,9 +283,9 @@ COLLECTIVE_LIMIT=480
 # its local checks says so there, and every node then skips the all-reduce at once instead of
 # waiting for a broken peer until the rendezvous times out. The agreement also compares the
 # nodes' software (the node-software triple, passed in explicitly: node.env is exported only
-# where cluster.env exists) and refuses a mixed fleet with one `FAIL node-software:` line
-# naming the nodes; the supervisor sees only exit codes, so the nodes must decide. That failure
-# exits 4 (not 3: no node needs replacing, the fleet needs a roll; not 1: a retry on the same
+# where cluster.env exists; and the Neuron release's versions) and refuses a mixed fleet with
+# one `FAIL node-software:` line naming the nodes; the supervisor sees only exit codes, so
+# the nodes must decide. That failure exits 4 (not 3: no node needs replacing, the fleet needs a roll; not 1: a retry on the same
 # nodes would fail the same way). Only when every node passed everything do the nodes run
 # the all-reduce under torchrun, bounded by COLLECTIVE_LIMIT seconds.
 check_collective() {
@@ -276,7 +300,7 @@ check_collective() {
     cd "$NODE_DIR"
     SOFTWARE_VERSION="${SOFTWARE_VERSION:-unknown}" \
       LAUNCH_TEMPLATE_VERSION="${LAUNCH_TEMPLATE_VERSION:-unknown}" AMI_ID="${AMI_ID:-unknown}" \
-      python3 collective_check.py --agree --master-addr "${HOSTS[0]}" --port $((port + 2)) \
+      NEURON_SOFTWARE="$neuron_software" python3 collective_check.py --agree --master-addr "${HOSTS[0]}" --port $((port + 2)) \
       --node-rank "$NODE_RANK" --nodes "${#HOSTS[@]}" --node-address "$NODE_ADDRESS" \
       --failures "${failures[*]}" --timeout $((wait_ready + AGREEMENT_MARGIN)) 2>&1
   ) || status=$?
@@ -324,6 +348,7 @@ log "preflight on node rank $NODE_RANK of ${#HOSTS[@]} ($NODE_ADDRESS)"
 echo "node-software: version=${SOFTWARE_VERSION:-unknown} launch-template-version=${LAUNCH_TEMPLATE_VERSION:-unknown} ami=${AMI_ID:-unknown}"
 check_ready
 check_neuron
+check_neuron_release
 if [[ -z $nproc_arg ]]; then
   if command -v neuron-ls >/dev/null 2>&1; then nproc_arg=auto; else nproc_arg=1; fi
 fi

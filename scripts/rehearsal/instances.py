@@ -25,12 +25,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from scripts.cluster_lib import REPO_ROOT, ClusterError
+from scripts.node.neuron_release import load_table
 from scripts.rehearsal.hosts import NetnsHosts
 from stacks.instance_types import INSTANCE_TYPES
 
@@ -115,6 +116,31 @@ echo "neuron                462848  0"
 FAKE_DMESG = """#!/bin/sh
 echo "[    1.000000] neuron: driver loaded (rehearsal node)"
 """
+# The Neuron release a node presents: the one the stack's default image carries
+# (neuron_releases.json), each of its five versions where a DLAMI shows it and
+# scripts/node/neuron_release.py reads it: torch-neuronx, neuronx-cc and libneuronxla as
+# package metadata in the Neuron venv's site-packages (an overlay over the venv), the
+# runtime's Debian package through dpkg-query (a Debian version: upstream-revision), the
+# loaded driver's /sys/module/neuron/version (a folder mounted over /sys/module in the node's
+# mount namespace).
+FAKE_DPKG_QUERY = r"""#!/bin/sh
+if [ "$1" = -W ] && [ "$2" = '-f=${Version}' ] && [ "$3" = aws-neuronx-runtime-lib ]; then
+  printf '%s' "__RUNTIME__-6f1e6c0cc"
+  exit 0
+fi
+exec /usr/bin/dpkg-query "$@"
+"""
+NEURON_PIP_PACKAGES = ("torch-neuronx", "neuronx-cc", "libneuronxla")
+
+
+def presented_release() -> dict[str, str]:
+    """The package versions of the release the default image carries."""
+    table = load_table()
+    release = table["image"]["neuron"]
+    packages: dict[str, str] = next(
+        row["packages"] for row in table["releases"] if row["neuron"] == release
+    )
+    return packages
 
 
 def now() -> datetime:
@@ -318,7 +344,36 @@ class Instances:
             {"type": "bind", "source": str(REPO_ROOT / "workload"),
              "target": f"{INSTALL_ROOT}/workload"},
         ]  # fmt: skip
+        mounts += self.lay_out_neuron_release(instance, venv, install)
         return mounts
+
+    def lay_out_neuron_release(
+        self, instance: Instance, venv: Path, install: Callable[[str, str, str, int], None]
+    ) -> list[dict[str, str]]:
+        """The Neuron release's versions where a DLAMI has them (FAKE_DPKG_QUERY says where);
+        the mounts that put them there, after the venv's own."""
+        packages = presented_release()
+        runtime = packages["aws-neuronx-runtime-lib"]
+        install(
+            "/usr/local", "bin/dpkg-query", FAKE_DPKG_QUERY.replace("__RUNTIME__", runtime), 0o755
+        )
+        upper = instance.root / "upper" / "neuron-venv"
+        work = instance.root / "work" / "neuron-venv"
+        site = next(venv.glob("lib/python3*/site-packages")).relative_to(venv)
+        for name in NEURON_PIP_PACKAGES:
+            info = upper / site / f"{name.replace('-', '_')}-{packages[name]}.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: {name}\nVersion: {packages[name]}\n"
+            )
+        work.mkdir(parents=True)
+        sys_module = instance.root / "sys-module"
+        (sys_module / "neuron").mkdir(parents=True)
+        (sys_module / "neuron" / "version").write_text(f"{packages['aws-neuronx-dkms']}\n")
+        return [
+            {"type": "overlay", "target": NEURON_VENV, "upper": str(upper), "work": str(work)},
+            {"type": "bind", "source": str(sys_module), "target": "/sys/module"},
+        ]
 
     def node_pids(self, slot: int) -> list[int]:
         return self.hosts.pids(slot)
