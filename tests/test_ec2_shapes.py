@@ -12,6 +12,7 @@ trn1 node 8 times and never see a full set.
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,24 @@ def test_the_address_read_takes_one_interface_a_node_with_its_address(instance_t
         assert set(counts.values()) == {1}
     print(f"{instance_type}: {size} bytes for {SEND_BATCH} nodes; device index 0 alone lists "
           f"{len(every)} interfaces")  # fmt: skip
+
+
+def test_every_stand_in_answer_is_checked_against_botocores_output_shape() -> None:
+    """The stand-in's one hook for every answer (LocalCloud._answer) refuses, as botocore's
+    Stubber refuses a response it is given (botocore/stub.py, ParamValidator on the output
+    shape), a member the model does not have and a value of the wrong type."""
+    from scripts.rehearsal.aws_stand_in import StandInAnswerError
+
+    cloud = object.__new__(LocalCloud)
+    cloud.cluster_name, cloud.instances = "trainium", _Nodes(2)  # type: ignore[assignment]
+    cloud.calls, cloud.call_times, cloud._services = [], [], {}
+    cloud._lock = threading.Lock()
+    client = cloud.session().client("ec2")
+    ids = [i.instance_id for i in cloud.instances.instances]
+    found = client.describe_network_interfaces(Filters=address_filters(ids))
+    assert len(found["NetworkInterfaces"]) == 2
+    for wrong in ({"NetworkInterfaces": [{"NetworkCard": 0}]},
+                  {"NetworkInterfaces": [{"Attachment": {"DeviceIndex": "0"}}]}):  # fmt: skip
+        cloud._ec2_DescribeNetworkInterfaces = lambda params, wrong=wrong: wrong  # type: ignore[method-assign]
+        with pytest.raises(StandInAnswerError, match="DescribeNetworkInterfaces"):
+            client.describe_network_interfaces(Filters=address_filters(ids))

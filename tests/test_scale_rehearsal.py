@@ -83,7 +83,11 @@ def test_one_job_on_1024_simulated_nodes_survives_a_node_dying(tmp_path: Path) -
     # The retry cancelled every batch's command: the dead node's batch its own, then the
     # others (each at most once more, by a batch that found its own ended meanwhile).
     assert report.calls["ssm.CancelCommand"] >= batches(NODES)
-    assert report.largest_payload < PAYLOAD_LIMIT / 3, report.largest_payload_state
+    # Every simulated invocation ends with the most output the agent keeps (fleet.py: 2,500
+    # characters of Output each), and a batch's ListCommandInvocations page (50 invocations
+    # with Details) stays in its child's state while they are classified: 179,224 bytes at
+    # 1,024 nodes (RunTrainingEachInvocation), within the quota but more than half of it.
+    assert report.largest_payload < PAYLOAD_LIMIT * 3 / 4, report.largest_payload_state
     assert report.most_child_events < HISTORY_LIMIT / 10, report.map_runs
     assert max(report.job_events) < 1_000, report.job_events
     # The sample nodes ran the real launch.sh in both attempts: torchrun got the cluster's

@@ -9,7 +9,8 @@ instances.py) with a node agent each (node_agent.py) that runs the real SSM docu
 parameters checked with Go's regexp and substituted as the SSM agent does, commands run with
 `sh` in the agent's environment, SIGKILL to the process group on cancel and on
 executionTimeout, output capped at 24,000 characters. The rehearsal differs from AWS only in
-how commands are delivered.
+how commands are delivered. Every answer is checked against botocore's output shape for its
+operation before the caller sees it (`validate_answer`, as botocore's Stubber checks).
 
 Served here: CloudFormation DescribeStacks; EC2 DescribeInstances, DescribeTags,
 DescribeNetworkInterfaces; Auto Scaling DescribeAutoScalingGroups, DescribeAutoScalingInstances,
@@ -72,6 +73,34 @@ TAG_PAGE_MIN, TAG_PAGE_MAX = 5, 1000
 #: DescribeAutoScalingInstances: at most 50 InstanceIds and MaxRecords (Auto Scaling API
 #: reference); an ID that does not exist "is ignored with no error".
 AUTO_SCALING_INSTANCES_MAX = 50
+
+
+class StandInAnswerError(Exception):
+    """An answer of the stand-in's that the service's model does not allow: a fault of the
+    stand-in, never an AWS error (no code a caller could catch as one)."""
+
+
+def validate_answer(operation: Any, body: dict[str, Any]) -> None:
+    """Checks a stand-in's answer against botocore's output shape for the operation, as
+    botocore's Stubber checks the responses it is given (botocore/stub.py,
+    _validate_operation_response: botocore.validate.ParamValidator on the output shape; with
+    no output shape, the answer must be empty). Every answer the stand-ins give (SSM,
+    CloudWatch Logs, EC2, Auto Scaling, SNS, CloudFormation, the scale rehearsal's fleet)
+    passes here, so none can carry a member, a type or a value the service never sends."""
+    from botocore.validate import ParamValidator
+
+    shape = operation.output_shape
+    name = f"{operation.service_model.service_name} {operation.name}"
+    if shape is None:
+        if body:
+            raise StandInAnswerError(f"the stand-in answered {name} with {sorted(body)}: none")
+        return
+    report = ParamValidator().validate(body, shape)
+    if report.has_errors():
+        raise StandInAnswerError(
+            f"the stand-in's answer to {name} is not what botocore's model allows: "
+            f"{report.generate_report()}"
+        )
 
 
 class LocalCloud:
@@ -183,6 +212,7 @@ class LocalCloud:
                 )
             with self._lock:
                 body = handler(params)
+            validate_answer(model, body)
         except LocalError as error:
             metadata["HTTPStatusCode"] = error.status
             parsed = {

@@ -8,7 +8,8 @@ invocation. Instead of an agent per node running the document's script, `Simulat
 answers every node's invocation as the test tells it, in the agent's terms: status.json beside
 the invocation (InProgress while it runs; Success, Failed or Cancelled from
 ssm_agent.runscript.plugin_result, as node_agent.py writes it). Preflight, Precompile and
-StopTraining end at once with status 0; RunTraining starts (its node counts as launched) and
+StopTraining end at once with status 0, each with full-size output (SIMULATED_STDOUT, more
+than the agent keeps); RunTraining starts (its node counts as launched) and
 runs until the test ends it (`finish`, `fail`) or the supervisor cancels it (the agent's
 SIGKILL, 137: Cancelled). An instance that dies (`die`) answers nothing more: its invocations
 stay InProgress, as on AWS, and the group launches a replacement in its place.
@@ -39,6 +40,28 @@ from scripts.rehearsal.ssm_agent.runscript import AgentScript, plugin_result, st
 
 #: The exit status the agent sees when it SIGKILLs a cancelled script's process group.
 KILLED = 137
+#: What a simulated invocation's script writes, in bytes: more than the agent keeps of either
+#: stream (24,000 characters of stdout, 8,000 of stderr: ssm_agent/__init__.py), so that
+#: every answer carries the most a real invocation's does: 2,500 characters of `Output` in
+#: ListCommandInvocations (iohandler.go, with the agent's truncation marks) and the whole
+#: StandardOutputContent of GetCommandInvocation.
+SIMULATED_STDOUT = 32_000
+SIMULATED_STDERR = 12_000
+
+
+def simulated_output(instance: Instance, document: str, size: int, stream: str) -> bytes:
+    """Lines of a node script's log (lib.sh's `log`: an ISO time, the node, the message) up to
+    `size` bytes: as long as the agent's limits need, and no shorter than a real one's."""
+    lines = []
+    total, n = 0, 0
+    while total < size:
+        line = (
+            f"2026-11-25T00:00:{n % 60:02d}Z {instance.address} {document} {stream}: step {n} "
+            f"of the node's check on {instance.instance_id}, status so far ok\n"
+        )
+        lines.append(line)
+        total, n = total + len(line), n + 1
+    return "".join(lines).encode()[:size]
 
 
 FAKE_IP = """#!/usr/bin/env bash
@@ -300,6 +323,9 @@ class SimulatedAgents:
             return
         status, details, code = plugin_result(code, ending)
         ended = {"status": status, "details": details, "code": code, "ended": time.time()}
+        for stream, size in (("stdout", SIMULATED_STDOUT), ("stderr", SIMULATED_STDERR)):
+            data = simulated_output(item.instance, item.document, size, stream)
+            (item.folder / stream).write_bytes(data)
         _write(item.folder / "status.json", {**ended, "started": item.started})
 
     def training(self) -> list[str]:

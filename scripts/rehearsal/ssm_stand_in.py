@@ -99,6 +99,14 @@ class Command:
     step: str
 
 
+def _cloudwatch_config(log_group: str) -> dict[str, Any]:
+    """CloudWatchOutputConfig as SSM returns it: the group's name only where one was given
+    (botocore: CloudWatchLogGroupName is at least 1 character)."""
+    if not log_group:
+        return {"CloudWatchOutputEnabled": False}
+    return {"CloudWatchLogGroupName": log_group, "CloudWatchOutputEnabled": True}
+
+
 class SsmStandIn:
     """The stand-in's SSM: the commands sent, each with one invocation per instance."""
 
@@ -235,10 +243,7 @@ class SsmStandIn:
                 s not in ("Pending", "InProgress", "Cancelling") for s in statuses
             ),
             "ErrorCount": sum(s in ("Failed", "TimedOut") for s in statuses),
-            "CloudWatchOutputConfig": {
-                "CloudWatchLogGroupName": command.log_group,
-                "CloudWatchOutputEnabled": bool(command.log_group),
-            },
+            "CloudWatchOutputConfig": _cloudwatch_config(command.log_group),
         }
 
     def _command(self, command_id: str) -> Command:
@@ -354,10 +359,7 @@ class SsmStandIn:
             # The first 24,000 / 8,000 characters (ssm_agent/runscript.py for the sources).
             "StandardOutputContent": stdout,
             "StandardErrorContent": stderr,
-            "CloudWatchOutputConfig": {
-                "CloudWatchLogGroupName": command.log_group,
-                "CloudWatchOutputEnabled": bool(command.log_group),
-            },
+            "CloudWatchOutputConfig": _cloudwatch_config(command.log_group),
         }
 
     def _ssm_CancelCommand(self, params: dict[str, Any]) -> dict[str, Any]:
