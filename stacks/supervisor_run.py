@@ -63,12 +63,48 @@ MAX_CAUSES = 5
 OTHERS_PAGE = 5
 
 
+#: What SendCommand answers for an instance that is no longer valid, a terminated one included
+#: (botocore's ssm model, InvalidInstanceId), as Step Functions names it (ServiceName.ErrorName
+#: in PascalCase with the Exception suffix: developer guide, "supported-services-awssdk").
+INVALID_INSTANCE = "Ssm.InvalidInstanceIdException"
+
+
 @dataclass(frozen=True)
 class Run:
-    """The first and the last state of one document's run on every node."""
+    """The first and the last state of one document's run on every node, and the last state
+    after its Distributed Map failed (`failed`: $.Outcome says why)."""
 
     start: sfn.DistributedMap
     end: sfn.Pass
+    failed: sfn.Pass
+
+
+def map_failed(
+    t: SupervisorTasks, construct_id: str, map_name: str, *, cancelled: bool
+) -> sfn.Pass:
+    """A Pass that writes $.Outcome after the Distributed Map `map_name` failed, its error in
+    $.MapFailure: the commands cancelled after it ($.Others.Ids, where `cancelled`) and the
+    map's error and cause as the one cause. A child execution that fails fails the map run, by
+    default at the first failure (Step Functions developer guide, "Tolerated failure threshold
+    for Distributed Map states": States.ExceedToleratedFailureThreshold), whatever ended the
+    child: an error of a task after its retries (SendCommand's INVALID_INSTANCE for a node
+    terminated since the group was read), States.DataLimitExceeded or a runtime error, which
+    no Catch inside the child can catch (States.ALL does not match
+    them); the map's Catch does."""
+    cause = (
+        f"States.Format('{map_name} failed ({{}}): {{}}; its failed child execution says "
+        "why (Step Functions console, the map run)', $.MapFailure.Error, $.MapFailure.Cause)"
+    )
+    return sfn.Pass(
+        t.scope,
+        construct_id,
+        parameters={
+            "CommandIds": sfn.JsonPath.list_at("$.Others.Ids") if cancelled else [],
+            "Classes": [],
+            "Causes.$": f"States.Array(States.Array({cause}))",
+        },
+        result_path="$.Outcome",
+    )
 
 
 def from_job(field: str) -> str:
@@ -147,7 +183,13 @@ def run_on_every_node(
         result_path="$.Verdict",
     )
     batches.next(verdict)
-    return Run(start=batches, end=verdict)
+    # A failed child fails the map run and Step Functions aborts the other children, whose
+    # commands run on (up to the leg's time limit): cancel every command of the attempt.
+    cancel, cancel_end = _cancel_other_batches(t, document, prefix=f"{document}MapFailed")
+    failed = map_failed(t, f"{document}MapFailed", f"{document}Batches", cancelled=True)
+    batches.add_catch(cancel, errors=["States.ALL"], result_path="$.MapFailure")
+    cancel_end.next(failed)
+    return Run(start=batches, end=verdict, failed=failed)
 
 
 def _first_causes(t: SupervisorTasks, document: str) -> sfn.Choice:
@@ -199,6 +241,9 @@ def _send(
         iam_action="ssm:SendCommand",
         result_selector={"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
         result_path="$.Command",
+        # A node terminated since the group was read stays terminated: the child fails at
+        # once, and with it the map run (map_failed).
+        final_errors=[INVALID_INSTANCE],
     )
     # The instances a command may go to: this cluster's nodes only, by their tag.
     t.role.add_to_principal_policy(
@@ -271,6 +316,13 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         "$.Alive.Count", "$.Poll.Command.TargetCount"
     )
     node_ended = sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0)
+    # Cancelled by this child, or by another batch's (_cancel_other_batches): SSM reports the
+    # command Cancelling until every invocation has acknowledged the cancel (SSM API reference,
+    # Command.Status), and an invocation on a node that is gone never does.
+    cancel_asked = sfn.Condition.or_(
+        sfn.Condition.is_present("$.Cancelled"),
+        sfn.Condition.string_equals("$.Poll.Command.Status", "Cancelling"),
+    )
     ended = sfn.Choice(t.scope, f"{p}Ended")
     ended.when(
         sfn.Condition.or_(
@@ -278,10 +330,10 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         ),
         results,
     ).when(
-        # The invocations on nodes that are gone never end: the rest has once as many
-        # invocations ended as nodes still run.
+        # The invocations on nodes that are gone never end: once the command was cancelled,
+        # whoever cancelled it, the rest has once as many invocations ended as nodes still run.
         sfn.Condition.and_(
-            sfn.Condition.is_present("$.Cancelled"),
+            cancel_asked,
             node_gone,
             sfn.Condition.number_greater_than_equals_json_path(
                 "$.Poll.Command.CompletedCount", "$.Alive.Count"
@@ -289,11 +341,8 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         ),
         results,
     ).when(
-        # Cancelled by this child, or by another batch's (_cancel_other_batches): wait for it.
-        sfn.Condition.or_(
-            sfn.Condition.is_present("$.Cancelled"),
-            sfn.Condition.string_equals("$.Poll.Command.Status", "Cancelling"),
-        ),
+        # Cancelled, and a node still runs its invocation: wait for it.
+        cancel_asked,
         wait,
     ).when(
         sfn.Condition.and_(
@@ -309,7 +358,9 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
     return results
 
 
-def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State, sfn.Map]:
+def _cancel_other_batches(
+    t: SupervisorTasks, document: str, *, prefix: str = ""
+) -> tuple[sfn.State, sfn.Map]:
     """Once a batch cancels the rest of its command, it cancels the attempt's other batches'
     commands too: a data-parallel job cannot go on without a rank, and on the other batches'
     nodes nothing may end it (the ranks wait in a collective for one that is gone), so every
@@ -320,8 +371,9 @@ def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State,
     the host list, 16 KB at 1,024 nodes, so a page stays near 90 KB of a task's 256 KiB
     result) and all of them before the first is cancelled: a cancel moves a command out of
     the filter, and paging on would skip commands. Cancelling a command that has just ended
-    changes nothing; a refusal is not an error here. Returns the first state and the last."""
-    p = document
+    changes nothing; a refusal is not an error here. Returns the first state and the last;
+    their names start with `prefix` (the document's by default)."""
+    p = prefix or document
     filters = [
         {"key": "DocumentName", "value": t.document_name(document)},
         {"key": "ExecutionStage", "value": "Executing"},

@@ -98,6 +98,9 @@ def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
     )
     s.read_group_page.next(s.add_group_page).next(s.join_group_page).next(s.more_of_group)
     s.partition_group.next(s.read_nodes).next(s.count_nodes).next(s.full_set)
+    # A batch's child execution failed (the map run with it): a retry, as after a failed attempt.
+    s.read_nodes.add_catch(s.read_nodes_failed, errors=["States.ALL"], result_path="$.MapFailure")
+    s.read_nodes_failed.next(s.retry_left)
     s.full_set.when(
         sfn.Condition.number_equals("$.Group.Count", node_count), s.join_hosts
     ).otherwise(s.wait_for_nodes)
@@ -129,6 +132,9 @@ def run_an_attempt(s: SupervisorStates) -> None:
         s.retry_left,
     ).otherwise(s.run_training.start)
     s.notify_mixed_fleet.next(s.nodes_differ)
+    # A batch's child execution failed, and with it the map run: the attempt's commands are
+    # cancelled (stacks/supervisor_run.py), then a retry.
+    s.preflight.failed.next(s.retry_left)
 
     s.run_training.end.next(s.training_outcome)
     s.training_outcome.when(
@@ -137,6 +143,7 @@ def run_an_attempt(s: SupervisorStates) -> None:
         s.notify_finish
     )
     s.notify_finish.next(s.job_finished)
+    s.run_training.failed.next(s.retry_left)
 
 
 def after_a_leg_end(s: SupervisorStates) -> None:

@@ -185,17 +185,20 @@ class SsmStandIn:
             invocations={},
             step=step["name"],
         )
-        for instance_id in ids:
-            instance = self.instances.instance(instance_id)
-            if instance is None:
+        # SSM refuses the whole command, before any node gets it, for an instance that is not
+        # valid, one that is shutting down or terminated included (botocore's ssm model,
+        # InvalidInstanceId: "Invalid states are: Shutting-down and Terminated").
+        targets = [self.instances.instance(instance_id) for instance_id in ids]
+        for instance_id, target in zip(ids, targets, strict=True):
+            if target is None or target.state == "terminated":
                 raise LocalError("InvalidInstanceId", f"instance {instance_id} is not valid")
+        for instance_id, instance in zip(ids, targets, strict=True):
+            assert instance is not None
             folder = instance.root / "orchestration" / command_id / step["name"]
             invocation = Invocation(command_id, instance, folder, requested)
             command.invocations[instance_id] = invocation
             if refusal:
                 invocation.failure = refusal + "\n"
-                continue
-            if instance.state != "running":
                 continue
             env = agent_environment(instance.instance_id, REGION, command_id=command_id)
             spec = {"id": invocation.key, "script": script, "env": env, "timeout": timeout,
