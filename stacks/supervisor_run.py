@@ -24,8 +24,12 @@ with its instance is never available again. So the poll does not wait for SSM. I
 Scaling which of the batch's nodes are still in service (DescribeAutoScalingInstances with the
 batch's IDs: an ID that no longer exists "is ignored with no error", Auto Scaling API reference;
 a node the group terminates, or finds unhealthy and replaces, leaves InService at once). If one
-is not, that is an ended node: the grace starts. After the cancel, the command counts as ended
-once at least as many invocations have ended as nodes still run.
+is not, that is an ended node: the grace starts. After the cancel, this batch's or another's
+(the command is Cancelling for as long as a gone node's invocation does not acknowledge it), the
+command counts as ended once at least as many invocations have ended as nodes still run.
+
+A child execution that fails fails the map run, and Step Functions aborts the other children:
+the map's Catch cancels the attempt's commands and the workflow retries (Run.failed).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.config import CLUSTER_TAG_KEY
 from stacks.supervisor_limits import SEND_BATCH
+from stacks.supervisor_outcomes import map_failed
 from stacks.supervisor_tasks import SupervisorTasks
 
 #: preflight.sh exits with this status on a fault no retry on the node fixes (a Neuron hardware
@@ -77,34 +82,6 @@ class Run:
     start: sfn.DistributedMap
     end: sfn.Pass
     failed: sfn.Pass
-
-
-def map_failed(
-    t: SupervisorTasks, construct_id: str, map_name: str, *, cancelled: bool
-) -> sfn.Pass:
-    """A Pass that writes $.Outcome after the Distributed Map `map_name` failed, its error in
-    $.MapFailure: the commands cancelled after it ($.Others.Ids, where `cancelled`) and the
-    map's error and cause as the one cause. A child execution that fails fails the map run, by
-    default at the first failure (Step Functions developer guide, "Tolerated failure threshold
-    for Distributed Map states": States.ExceedToleratedFailureThreshold), whatever ended the
-    child: an error of a task after its retries (SendCommand's INVALID_INSTANCE for a node
-    terminated since the group was read), States.DataLimitExceeded or a runtime error, which
-    no Catch inside the child can catch (States.ALL does not match
-    them); the map's Catch does."""
-    cause = (
-        f"States.Format('{map_name} failed ({{}}): {{}}; its failed child execution says "
-        "why (Step Functions console, the map run)', $.MapFailure.Error, $.MapFailure.Cause)"
-    )
-    return sfn.Pass(
-        t.scope,
-        construct_id,
-        parameters={
-            "CommandIds": sfn.JsonPath.list_at("$.Others.Ids") if cancelled else [],
-            "Classes": [],
-            "Causes.$": f"States.Array(States.Array({cause}))",
-        },
-        result_path="$.Outcome",
-    )
 
 
 def from_job(field: str) -> str:

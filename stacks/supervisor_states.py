@@ -19,8 +19,8 @@ from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.supervisor_group import read_batches, read_tags
 from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, SEND_BATCH
-from stacks.supervisor_outcomes import OutcomeStates
-from stacks.supervisor_run import Run, from_job, map_failed, run_on_every_node
+from stacks.supervisor_outcomes import OutcomeStates, map_failed
+from stacks.supervisor_run import Run, from_job, run_on_every_node
 from stacks.supervisor_tasks import choice, fail, pass_state, time_parts, wait
 
 #: What an execution's input may set, with its default (the CLI passes JobId and TrainArgs).

@@ -9,6 +9,7 @@ around it is stacks/supervisor.py.
     ReadGroup → MoreOfGroup
     MoreOfGroup     another page of IDs → ReadGroupPage → AddGroupPage → JoinGroupPage
                     → MoreOfGroup; the last → PartitionGroup → ReadNodes → CountNodes → FullSet
+    ReadNodes       a child failed → ReadNodesFailed → RetryLeft
     FullSet         all nodes InService and HEALTHY → JoinHosts
                     otherwise → WaitForNodes → CountNodeWait → KeepWaiting
     KeepWaiting     MAX_NODE_WAITS polls → DescribeLongWait → HandOver; otherwise → ReadGroup
@@ -18,6 +19,9 @@ around it is stacks/supervisor.py.
                     a bad or replaced node → RetryLeft
                     otherwise → RunTraining (RunTrainingBatches … RunTrainingVerdict)
                     → TrainingOutcome
+    PreflightBatches, RunTrainingBatches
+                    a child failed → <Document>MapFailedListOtherBatches … (the attempt's
+                    commands cancelled) → <Document>MapFailed → RetryLeft
     TrainingOutcome a bad node → StopFilter → StopFilters → ListStopCommands → AnyStopCommand
                     a leg end → CountLeg → DescribeLeg → NotifyLeg → HandOver
                     otherwise → NotifyFinish → JobFinished (succeeds)
