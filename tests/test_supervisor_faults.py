@@ -35,8 +35,10 @@ from scripts.rehearsal.supervisor import (
     map_run_histories,
     synthesize_operations,
 )
+from scripts.rehearsal.supervisor import definition as machine_definition
 from stacks.supervisor_limits import SEND_BATCH
 from stacks.supervisor_run import CAUSE_GONE, INVALID_INSTANCE
+from tests.test_supervisor import placeholder_refs, states
 
 NODES = 60  # two batches: SEND_BATCH and 10
 CLUSTER = "faults"
@@ -237,3 +239,42 @@ def test_a_batch_that_cannot_send_fails_the_map_and_the_attempt_is_cancelled_and
         assert subjects == ["started", "failed"], subjects
         assert described["error"] == "JobFailed"
         assert f"RunTrainingBatches failed ({MAP_RUN_FAILED})" in described["cause"]
+
+
+def test_every_distributed_map_catches_its_failure_and_the_job_retries(
+    template: dict[str, Any],
+) -> None:
+    """Each of the three Distributed Maps catches its own failure (States.ALL matches
+    States.ExceedToleratedFailureThreshold, though not States.DataLimitExceeded or a runtime
+    error in the state itself: Step Functions developer guide, error names) and goes on to
+    RetryLeft; after PreflightBatches and RunTrainingBatches through a cancel of that document's
+    executing commands. Each batch's SendCommand does not retry INVALID_INSTANCE (a terminated
+    node stays terminated) and tries that retrier first: Step Functions takes the first retrier
+    whose ErrorEquals matches."""
+    found = dict(states(machine_definition(template, placeholder_refs(template))))
+    maps = [n for n, s in found.items() if s.get("ItemProcessor", {}).get("ProcessorConfig", {})
+            .get("Mode") == "DISTRIBUTED"]  # fmt: skip
+    assert sorted(maps) == ["PreflightBatches", "ReadNodes", "RunTrainingBatches"], maps
+    for name in maps:
+        (catch,) = found[name]["Catch"]
+        assert catch["ErrorEquals"] == ["States.ALL"] and catch["ResultPath"] == "$.MapFailure"
+        path, state = [], catch["Next"]
+        while state != "RetryLeft":
+            assert state not in path, path
+            path.append(state)
+            step = found[state]
+            state = step.get("Next") or step.get("Default")
+        if name == "ReadNodes":
+            assert path == ["ReadNodesFailed"], path
+            continue
+        document = name.removesuffix("Batches")
+        cancel = found[f"{document}MapFailedCancelOtherBatches"]
+        assert f"{document}MapFailedCancelOtherBatches" in path and path[-1] == (
+            f"{document}MapFailed"
+        ), path
+        cancel_batch = cancel["ItemProcessor"]["States"][f"{document}MapFailedCancelBatch"]
+        assert cancel_batch["Resource"].endswith(":ssm:cancelCommand")
+        listing = found[f"{document}MapFailedListOtherBatches"]["Parameters"]["Filters"]
+        assert f"<{document}Document>" in json.dumps(listing) and "Executing" in json.dumps(listing)
+        retriers = found[f"{document}Send"]["Retry"]
+        assert retriers[0] == {"ErrorEquals": [INVALID_INSTANCE], "MaxAttempts": 0}, retriers
