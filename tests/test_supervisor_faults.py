@@ -158,16 +158,16 @@ def test_a_batch_whose_node_is_gone_ends_when_another_batch_cancelled_its_comman
     )
 
 
-def _terminate_before_the_second_send(job: Job) -> list[Any]:
-    """When the second RunTraining batch's SendCommand of the first attempt comes, one of its
-    nodes has just been terminated (the group replaced it after ReadNodes read it); returns
-    [the node] once that happened."""
+def _terminate_before_the_second_send(job: Job, document: str) -> list[Any]:
+    """When the second batch's SendCommand of `document` (Preflight or RunTraining) in the first
+    attempt comes, one of its nodes has just been terminated (the group replaced it after
+    ReadNodes read it); returns [the node] once that happened."""
     ssm, victims = job.cloud.ssm, []
     send = ssm._ssm_SendCommand
 
     def send_after_a_node_went(params: dict[str, Any]) -> dict[str, Any]:
-        training = [c for c in ssm.commands.values() if c.document.endswith("RunTraining")]
-        if params["DocumentName"].endswith("RunTraining") and len(training) == 1 and not victims:
+        sent = [c for c in ssm.commands.values() if c.document.endswith(document)]
+        if params["DocumentName"].endswith(document) and len(sent) == 1 and not victims:
             victim = job.cloud.instances.instance(params["InstanceIds"][-1])
             assert victim is not None
             victims.append(victim)
@@ -179,9 +179,11 @@ def _terminate_before_the_second_send(job: Job) -> list[Any]:
     return victims
 
 
-@pytest.mark.parametrize("retries", [1, 0])
+@pytest.mark.parametrize(
+    ("document", "retries"), [("RunTraining", 1), ("RunTraining", 0), ("Preflight", 1)]
+)
 def test_a_batch_that_cannot_send_fails_the_map_and_the_attempt_is_cancelled_and_retried(
-    template: dict[str, Any], retries: int
+    template: dict[str, Any], document: str, retries: int
 ) -> None:
     """The second batch's SendCommand names a node terminated since the group was read: SSM
     refuses it (botocore's ssm model, InvalidInstanceId: "Invalid states are: Shutting-down
@@ -189,28 +191,29 @@ def test_a_batch_that_cannot_send_fails_the_map_and_the_attempt_is_cancelled_and
     guide, supported-services-awssdk) and no retry can mend. The child fails; the map run
     fails with States.ExceedToleratedFailureThreshold (developer guide, tolerated failure
     threshold: 0 by default) and the other batch's child is aborted. The map's Catch cancels
-    the first batch's command, which would otherwise run for up to 48 hours, and the job
-    retries on the replacement (counted), or, with no retry left, fails with the map's error
-    in its notification and its cause. Before, the job's execution failed at the map with no
-    retry and no message of its own, and the first batch's command ran on."""
+    the first batch's RunTraining command, which would otherwise run for up to 48 hours (the
+    simulated Preflight has ended by then), and the job retries on the replacement (counted),
+    or, with no retry left, fails with the map's error in its notification and its cause.
+    Before, the job's execution failed at the map with no retry and no message of its own, and
+    the first batch's command ran on."""
     with simulated_job(template, MaxRetries=retries) as job:
-        victims = _terminate_before_the_second_send(job)
+        victims = _terminate_before_the_second_send(job, document)
         until(lambda: bool(victims), "a node terminated before a batch's SendCommand")
         commands = job.cloud.ssm.commands.values()
-        first = frozenset(c.command_id for c in commands if c.document.endswith("RunTraining"))
-        (sent,) = [job.cloud.ssm.commands[c] for c in first]
+        (sent,) = [c for c in commands if c.document.endswith(document)]
 
-        def cancelled() -> bool:
-            return bool(job.cloud.ssm._command_view(sent)["Status"] == "Cancelled")
+        def ended() -> bool:
+            status = job.cloud.ssm._command_view(sent)["Status"]
+            return bool(status == ("Cancelled" if document == "RunTraining" else "Success"))
 
         until(
-            lambda: cancelled() or job.status() != "RUNNING",
-            "the first batch's command cancelled, or the job's execution ended",
+            lambda: ended() or job.status() != "RUNNING",
+            "the first batch's command ended, or the job's execution ended",
         )
-        assert cancelled(), (job.status(), job.client.describe_execution(
+        assert ended(), (job.status(), job.client.describe_execution(
             executionArn=job.execution).get("cause"))  # fmt: skip
         if retries:
-            job.agents.wait_launched(NODES, WAIT, after=first)
+            job.agents.wait_launched(NODES, WAIT, after=frozenset([sent.command_id]))
             job.agents.finish()
         status, executions, described = job.end()
     # The failed child: SendCommand refused, not retried.
@@ -228,9 +231,9 @@ def test_a_batch_that_cannot_send_fails_the_map_and_the_attempt_is_cancelled_and
         for n in job.cloud.notifications
         if n["Subject"].endswith((" retries", " failed"))
     ]
-    assert said and all(
-        f"RunTrainingBatches failed ({MAP_RUN_FAILED})" in m and sent.command_id in m for m in said
-    ), said
+    assert said and all(f"{document}Batches failed ({MAP_RUN_FAILED})" in m for m in said), said
+    if document == "RunTraining":  # the commands it cancelled
+        assert all(sent.command_id in m for m in said), said
     if retries:
         assert status == "SUCCEEDED" and len(executions) == 2, (status, executions)
         assert subjects == ["started", "retries", "finished"], subjects
@@ -238,7 +241,7 @@ def test_a_batch_that_cannot_send_fails_the_map_and_the_attempt_is_cancelled_and
         assert status == "FAILED" and len(executions) == 1, (status, executions)
         assert subjects == ["started", "failed"], subjects
         assert described["error"] == "JobFailed"
-        assert f"RunTrainingBatches failed ({MAP_RUN_FAILED})" in described["cause"]
+        assert f"{document}Batches failed ({MAP_RUN_FAILED})" in described["cause"]
 
 
 def test_every_distributed_map_catches_its_failure_and_the_job_retries(
