@@ -31,11 +31,14 @@ from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
 from scripts.rehearsal.supervisor import (
     MAP_RUN_FAILED,
+    jayway_json_paths,
     local_supervisor,
+    map_run_failures,
     map_run_histories,
     synthesize_operations,
 )
 from scripts.rehearsal.supervisor import definition as machine_definition
+from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import SEND_BATCH
 from stacks.supervisor_run import CAUSE_GONE, INVALID_INSTANCE
 from tests.test_supervisor import placeholder_refs, states
@@ -281,3 +284,61 @@ def test_every_distributed_map_catches_its_failure_and_the_job_retries(
         assert f"<{document}Document>" in json.dumps(listing) and "Executing" in json.dumps(listing)
         retriers = found[f"{document}Send"]["Retry"]
         assert retriers[0] == {"ErrorEquals": [INVALID_INSTANCE], "MaxAttempts": 0}, retriers
+
+
+def test_a_failed_read_of_the_nodes_is_caught_and_the_job_fails_naming_it(
+    template: dict[str, Any],
+) -> None:
+    """The wait for nodes of the definition, from PartitionGroup to DescribeFailure (no retry
+    left), with a ReadNodes whose batch's child execution fails, as any child can (a state's
+    data past 256 KiB, a runtime error): run in moto's interpreter made to fail the map run
+    as Step Functions does, the map's failure is caught and the job's failure names it.
+    Before, ReadNodes had no Catch: the execution failed with the map's error, no message of
+    its own."""
+    from moto import mock_aws
+
+    found = dict(states(machine_definition(template, placeholder_refs(template))))
+    names = ["PartitionGroup", "ReadNodes", "ReadNodesFailed", "RetryLeft", "DescribeFailure"]
+    chosen = {name: json.loads(json.dumps(found[name])) for name in names}
+    chosen["ReadNodes"]["ItemProcessor"]["StartAt"] = "BatchFails"
+    chosen["ReadNodes"]["ItemProcessor"]["States"] = {
+        "BatchFails": {"Type": "Fail", "Error": "BatchFailed", "Cause": "a batch's read failed"}
+    }
+    chosen["RetryLeft"]["Default"] = "NotRetried"  # a retry is left: not this test's path
+    chosen["NotRetried"] = {"Type": "Fail", "Error": "NotRetried"}
+    chosen["DescribeFailure"] = {**chosen["DescribeFailure"], "End": True}
+    del chosen["DescribeFailure"]["Next"]
+    given = {
+        "Job": {**JOB_DEFAULTS, "JobId": JOB_ID, "MaxRetries": 0},
+        "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
+        "ContinuedFrom": "",
+        "NodeWaits": {"Count": 0},
+        "Group": {"Ids": [f"i-{n:017x}" for n in range(NODES)]},
+    }
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        jayway_json_paths(),
+        map_run_failures(),
+    ):
+        import boto3
+
+        client = boto3.client("stepfunctions", region_name="us-east-1")
+        arn = client.create_state_machine(
+            name="read-nodes", definition=json.dumps({"StartAt": "PartitionGroup",
+                                                      "States": chosen}),
+            roleArn="arn:aws:iam::123456789012:role/read-nodes",
+        )["stateMachineArn"]  # fmt: skip
+        execution = client.start_execution(stateMachineArn=arn, input=json.dumps(given))
+        until(
+            lambda: (
+                client.describe_execution(executionArn=execution["executionArn"])["status"]
+                != "RUNNING"
+            ),
+            "the execution ended",
+        )
+        described = client.describe_execution(executionArn=execution["executionArn"])
+        assert described["status"] == "SUCCEEDED", described.get("cause")
+        why = json.loads(described["output"])["Why"]["Text"]
+    assert why.startswith("attempt 0 failed after 0 retries: ") and (
+        f"ReadNodes failed ({MAP_RUN_FAILED})" in why
+    ), why

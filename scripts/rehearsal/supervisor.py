@@ -209,8 +209,8 @@ def map_run_failures() -> Iterator[None]:
     the threshold (by default, any one), aborts the children still running ("stopped by the
     user or by Step Functions because the Map Run failed", API reference,
     MapRunExecutionCounts.aborted), and the Map state fails with MAP_RUN_FAILED, which its
-    Catch may catch. Here the failed child's error goes into the map run's cause (the cause
-    Step Functions writes is not documented)."""
+    Catch may catch. The map run's cause here names the failed child, no more (the cause Step
+    Functions writes is not documented); the child's error is in the child's history."""
     from moto.stepfunctions.parser.api import HistoryEventType, MapRunFailedEventDetails
     from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
         FailureEvent,
@@ -256,11 +256,7 @@ def map_run_failures() -> Iterator[None]:
             and 100.0 * failed / total <= record.tolerated_failure_percentage
         ):
             return
-        error = getattr(ended, "error", None) or {}
-        cause = (
-            f"child execution {job.job_index} failed: {error.get('error', 'States.Runtime')}: "
-            f"{error.get('cause', '')}"
-        )
+        cause = f"child execution {job.job_index} of the map run failed"
         with lock:
             others = [frame for frame in running[pool] if frame is not env]
         for frame in others:
