@@ -123,6 +123,7 @@ def simulated_job(template: dict[str, Any], **settings: Any) -> Iterator[Job]:
         yield Job(cloud, agents, client, execution, children)
 
 
+@pytest.mark.slow
 def test_a_batch_whose_node_is_gone_ends_when_another_batch_cancelled_its_command(
     template: dict[str, Any],
 ) -> None:
