@@ -367,7 +367,12 @@ class SsmStandIn:
         command = self._command(params["CommandId"])
         for instance_id in params.get("InstanceIds") or list(command.invocations):
             inv = command.invocations.get(instance_id)
-            if inv is not None and inv.instance.state == "running":
+            # SSM records the cancel whether or not the node's agent ever acknowledges it
+            # (CancelCommand: "There is no guarantee that the command will be terminated"):
+            # an invocation on a node that died stays Cancelling (CommandInvocationStatus),
+            # and so does its command.
+            if inv is not None:
+                (inv.instance.spool / "cancel").mkdir(parents=True, exist_ok=True)
                 (inv.instance.spool / "cancel" / inv.key).touch()
         return {}
 
