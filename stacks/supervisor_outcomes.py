@@ -14,7 +14,16 @@ from functools import cached_property
 
 from aws_cdk import aws_stepfunctions as sfn
 
-from stacks.supervisor_tasks import StatesBase, choice, fail, pass_state, succeed, time_parts, wait
+from stacks.supervisor_tasks import (
+    StatesBase,
+    SupervisorTasks,
+    choice,
+    fail,
+    pass_state,
+    succeed,
+    time_parts,
+    wait,
+)
 
 
 def _command_ids() -> str:
@@ -33,6 +42,34 @@ def _why(construct_id: str, template: str, *values: str) -> cached_property[sfn.
     the job over or ends it. The notification says it, the hand-over's output (HandedOver) or
     the failure's cause carries it, and `cluster.py jobs` lists it."""
     return pass_state(construct_id, "$.Why", {"Text": sfn.JsonPath.format(template, *values)})
+
+
+def map_failed(
+    t: SupervisorTasks, construct_id: str, map_name: str, *, cancelled: bool
+) -> sfn.Pass:
+    """A Pass that writes $.Outcome after the Distributed Map `map_name` failed, its error in
+    $.MapFailure: the commands cancelled after it ($.Others.Ids, where `cancelled`) and the
+    map's error and cause as the one cause. A child execution that fails fails the map run, by
+    default at the first failure (Step Functions developer guide, "Tolerated failure threshold
+    for Distributed Map states": States.ExceedToleratedFailureThreshold), whatever ended the
+    child: an error of a task after its retries (SendCommand's Ssm.InvalidInstanceIdException
+    for a node terminated since the group was read), States.DataLimitExceeded or a runtime
+    error (States.ALL matches neither of these two in the child). The map's own error is one
+    its Catch can catch."""
+    cause = (
+        f"States.Format('{map_name} failed ({{}}): {{}}; its failed child execution says "
+        "why (Step Functions console, the map run)', $.MapFailure.Error, $.MapFailure.Cause)"
+    )
+    return sfn.Pass(
+        t.scope,
+        construct_id,
+        parameters={
+            "CommandIds": sfn.JsonPath.list_at("$.Others.Ids") if cancelled else [],
+            "Classes": [],
+            "Causes.$": f"States.Array(States.Array({cause}))",
+        },
+        result_path="$.Outcome",
+    )
 
 
 class OutcomeStates(StatesBase):

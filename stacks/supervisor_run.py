@@ -24,8 +24,12 @@ with its instance is never available again. So the poll does not wait for SSM. I
 Scaling which of the batch's nodes are still in service (DescribeAutoScalingInstances with the
 batch's IDs: an ID that no longer exists "is ignored with no error", Auto Scaling API reference;
 a node the group terminates, or finds unhealthy and replaces, leaves InService at once). If one
-is not, that is an ended node: the grace starts. After the cancel, the command counts as ended
-once at least as many invocations have ended as nodes still run.
+is not, that is an ended node: the grace starts. After the cancel, this batch's or another's
+(the command is Cancelling for as long as a gone node's invocation does not acknowledge it), the
+command counts as ended once at least as many invocations have ended as nodes still run.
+
+A child execution that fails fails the map run, and Step Functions aborts the other children:
+the map's Catch cancels the attempt's commands and the workflow retries (Run.failed).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.config import CLUSTER_TAG_KEY
 from stacks.supervisor_limits import SEND_BATCH
+from stacks.supervisor_outcomes import map_failed
 from stacks.supervisor_tasks import SupervisorTasks
 
 #: preflight.sh exits with this status on a fault no retry on the node fixes (a Neuron hardware
@@ -63,12 +68,20 @@ MAX_CAUSES = 5
 OTHERS_PAGE = 5
 
 
+#: What SendCommand answers for an instance that is no longer valid, a terminated one included
+#: (botocore's ssm model, InvalidInstanceId), as Step Functions names it (ServiceName.ErrorName
+#: in PascalCase with the Exception suffix: developer guide, "supported-services-awssdk").
+INVALID_INSTANCE = "Ssm.InvalidInstanceIdException"
+
+
 @dataclass(frozen=True)
 class Run:
-    """The first and the last state of one document's run on every node."""
+    """The first and the last state of one document's run on every node, and the last state
+    after its Distributed Map failed (`failed`: $.Outcome says why)."""
 
     start: sfn.DistributedMap
     end: sfn.Pass
+    failed: sfn.Pass
 
 
 def from_job(field: str) -> str:
@@ -147,7 +160,13 @@ def run_on_every_node(
         result_path="$.Verdict",
     )
     batches.next(verdict)
-    return Run(start=batches, end=verdict)
+    # A failed child fails the map run and Step Functions aborts the other children, whose
+    # commands run on (up to the leg's time limit): cancel every command of the attempt.
+    cancel, cancel_end = _cancel_other_batches(t, document, prefix=f"{document}MapFailed")
+    failed = map_failed(t, f"{document}MapFailed", f"{document}Batches", cancelled=True)
+    batches.add_catch(cancel, errors=["States.ALL"], result_path="$.MapFailure")
+    cancel_end.next(failed)
+    return Run(start=batches, end=verdict, failed=failed)
 
 
 def _first_causes(t: SupervisorTasks, document: str) -> sfn.Choice:
@@ -199,6 +218,9 @@ def _send(
         iam_action="ssm:SendCommand",
         result_selector={"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
         result_path="$.Command",
+        # A node terminated since the group was read stays terminated: the child fails at
+        # once, and with it the map run (map_failed).
+        final_errors=[INVALID_INSTANCE],
     )
     # The instances a command may go to: this cluster's nodes only, by their tag.
     t.role.add_to_principal_policy(
@@ -271,6 +293,13 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         "$.Alive.Count", "$.Poll.Command.TargetCount"
     )
     node_ended = sfn.Condition.number_greater_than("$.Poll.Command.CompletedCount", 0)
+    # Cancelled by this child, or by another batch's (_cancel_other_batches): SSM reports the
+    # command Cancelling until every invocation has acknowledged the cancel (SSM API reference,
+    # Command.Status), and an invocation on a node that is gone never does.
+    cancel_asked = sfn.Condition.or_(
+        sfn.Condition.is_present("$.Cancelled"),
+        sfn.Condition.string_equals("$.Poll.Command.Status", "Cancelling"),
+    )
     ended = sfn.Choice(t.scope, f"{p}Ended")
     ended.when(
         sfn.Condition.or_(
@@ -278,10 +307,10 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         ),
         results,
     ).when(
-        # The invocations on nodes that are gone never end: the rest has once as many
-        # invocations ended as nodes still run.
+        # The invocations on nodes that are gone never end: once the command was cancelled,
+        # whoever cancelled it, the rest has once as many invocations ended as nodes still run.
         sfn.Condition.and_(
-            sfn.Condition.is_present("$.Cancelled"),
+            cancel_asked,
             node_gone,
             sfn.Condition.number_greater_than_equals_json_path(
                 "$.Poll.Command.CompletedCount", "$.Alive.Count"
@@ -289,11 +318,8 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         ),
         results,
     ).when(
-        # Cancelled by this child, or by another batch's (_cancel_other_batches): wait for it.
-        sfn.Condition.or_(
-            sfn.Condition.is_present("$.Cancelled"),
-            sfn.Condition.string_equals("$.Poll.Command.Status", "Cancelling"),
-        ),
+        # Cancelled, and a node still runs its invocation: wait for it.
+        cancel_asked,
         wait,
     ).when(
         sfn.Condition.and_(
@@ -309,7 +335,9 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
     return results
 
 
-def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State, sfn.Map]:
+def _cancel_other_batches(
+    t: SupervisorTasks, document: str, *, prefix: str = ""
+) -> tuple[sfn.State, sfn.Map]:
     """Once a batch cancels the rest of its command, it cancels the attempt's other batches'
     commands too: a data-parallel job cannot go on without a rank, and on the other batches'
     nodes nothing may end it (the ranks wait in a collective for one that is gone), so every
@@ -320,8 +348,9 @@ def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State,
     the host list, 16 KB at 1,024 nodes, so a page stays near 90 KB of a task's 256 KiB
     result) and all of them before the first is cancelled: a cancel moves a command out of
     the filter, and paging on would skip commands. Cancelling a command that has just ended
-    changes nothing; a refusal is not an error here. Returns the first state and the last."""
-    p = document
+    changes nothing; a refusal is not an error here. Returns the first state and the last;
+    their names start with `prefix` (the document's by default)."""
+    p = prefix or document
     filters = [
         {"Key": "DocumentName", "Value": t.document_name(document)},
         {"Key": "ExecutionStage", "Value": "Executing"},

@@ -19,7 +19,7 @@ from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.supervisor_group import read_batches, read_tags
 from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, SEND_BATCH
-from stacks.supervisor_outcomes import OutcomeStates
+from stacks.supervisor_outcomes import OutcomeStates, map_failed
 from stacks.supervisor_run import Run, from_job, run_on_every_node
 from stacks.supervisor_tasks import choice, fail, pass_state, time_parts, wait
 
@@ -177,6 +177,11 @@ class SupervisorStates(OutcomeStates):
     def read_nodes(self) -> sfn.DistributedMap:
         """$.Group: the IDs and addresses of the nodes that are InService and HEALTHY."""
         return read_batches(self.t)
+
+    @cached_property
+    def read_nodes_failed(self) -> sfn.Pass:
+        """$.Outcome after ReadNodes failed (its error in $.MapFailure): no command runs yet."""
+        return map_failed(self.t, "ReadNodesFailed", "ReadNodes", cancelled=False)
 
     @cached_property
     def count_nodes(self) -> sfn.Pass:

@@ -85,8 +85,10 @@ class SupervisorTasks:
         iam_action: str | None = None,
         result_selector: dict[str, Any] | None = None,
         result_path: str | None = None,
+        final_errors: list[str] | None = None,
     ) -> tasks.CallAwsService:
-        """An AWS SDK call; its result is discarded unless `result_path` says where it goes."""
+        """An AWS SDK call; its result is discarded unless `result_path` says where it goes.
+        `final_errors` (Step Functions' names: ServiceName.ErrorName) are not retried."""
         task = tasks.CallAwsService(
             self.scope,
             construct_id,
@@ -99,6 +101,9 @@ class SupervisorTasks:
             result_selector=result_selector,
             result_path=result_path if result_path is not None else sfn.JsonPath.DISCARD,
         )
+        # Step Functions tries a state's retriers in order: errors no retry can help first.
+        if final_errors:
+            task.add_retry(errors=final_errors, max_attempts=0)
         # Throttling and brief outages must not end a job that runs for days.
         task.add_retry(
             errors=["States.TaskFailed", "States.Timeout"],

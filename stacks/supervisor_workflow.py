@@ -9,6 +9,7 @@ around it is stacks/supervisor.py.
     ReadGroup → MoreOfGroup
     MoreOfGroup     another page of IDs → ReadGroupPage → AddGroupPage → JoinGroupPage
                     → MoreOfGroup; the last → PartitionGroup → ReadNodes → CountNodes → FullSet
+    ReadNodes       a child failed → ReadNodesFailed → RetryLeft
     FullSet         all nodes InService and HEALTHY → JoinHosts
                     otherwise → WaitForNodes → CountNodeWait → KeepWaiting
     KeepWaiting     MAX_NODE_WAITS polls → DescribeLongWait → HandOver; otherwise → ReadGroup
@@ -18,6 +19,9 @@ around it is stacks/supervisor.py.
                     a bad or replaced node → RetryLeft
                     otherwise → RunTraining (RunTrainingBatches … RunTrainingVerdict)
                     → TrainingOutcome
+    PreflightBatches, RunTrainingBatches
+                    a child failed → <Document>MapFailedListOtherBatches … (the attempt's
+                    commands cancelled) → <Document>MapFailed → RetryLeft
     TrainingOutcome a bad node → StopFilter → StopFilters → ListStopCommands → AnyStopCommand
                     a leg end → CountLeg → DescribeLeg → NotifyLeg → HandOver
                     otherwise → NotifyFinish → JobFinished (succeeds)
@@ -98,6 +102,9 @@ def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
     )
     s.read_group_page.next(s.add_group_page).next(s.join_group_page).next(s.more_of_group)
     s.partition_group.next(s.read_nodes).next(s.count_nodes).next(s.full_set)
+    # A batch's child execution failed (the map run with it): a retry, as after a failed attempt.
+    s.read_nodes.add_catch(s.read_nodes_failed, errors=["States.ALL"], result_path="$.MapFailure")
+    s.read_nodes_failed.next(s.retry_left)
     s.full_set.when(
         sfn.Condition.number_equals("$.Group.Count", node_count), s.join_hosts
     ).otherwise(s.wait_for_nodes)
@@ -129,6 +136,9 @@ def run_an_attempt(s: SupervisorStates) -> None:
         s.retry_left,
     ).otherwise(s.run_training.start)
     s.notify_mixed_fleet.next(s.nodes_differ)
+    # A batch's child execution failed, and with it the map run: the attempt's commands are
+    # cancelled (stacks/supervisor_run.py), then a retry.
+    s.preflight.failed.next(s.retry_left)
 
     s.run_training.end.next(s.training_outcome)
     s.training_outcome.when(
@@ -137,6 +147,7 @@ def run_an_attempt(s: SupervisorStates) -> None:
         s.notify_finish
     )
     s.notify_finish.next(s.job_finished)
+    s.run_training.failed.next(s.retry_left)
 
 
 def after_a_leg_end(s: SupervisorStates) -> None:

@@ -207,6 +207,8 @@ class SimulatedAgents:
     running: dict[str, _Running] = field(default_factory=dict)
     launched: dict[str, dict[str, float]] = field(default_factory=dict)
     real: dict[str, _Real] = field(default_factory=dict)
+    #: The instances whose agent no longer answers (`hang`).
+    hung: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _changed: threading.Condition = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -308,6 +310,8 @@ class SimulatedAgents:
         return True
 
     def _end(self, key: str, code: int, *, ending: str = "") -> None:
+        if any(key.endswith(instance_id) for instance_id in self.hung):
+            return
         real = self.real.get(key)
         if real is not None:
             if ending:  # the agent's SIGKILL to the script's process group
@@ -373,6 +377,14 @@ class SimulatedAgents:
 
     def real_instances(self) -> list[Instance]:
         return [i for i in self.instances.running() if i.slot in self.instances.real_slots]
+
+    def hang(self, instance: Instance) -> None:
+        """The instance stops answering (a kernel or hardware hang) but still runs, as EC2
+        and Auto Scaling see it until a health check fails: its invocations never end, and a
+        cancel is never acknowledged (SSM reports it Cancelling). `die` ends it later."""
+        if instance.slot in self.instances.real_slots:
+            raise ValueError("only a simulated node hangs")
+        self.hung.add(instance.instance_id)
 
     def die(self, instance: Instance) -> Instance:
         """The instance dies: its invocations never end (a real node's processes are killed);

@@ -193,17 +193,20 @@ class SsmStandIn:
             invocations={},
             step=step["name"],
         )
-        for instance_id in ids:
-            instance = self.instances.instance(instance_id)
-            if instance is None:
+        # SSM refuses the whole command, before any node gets it, for an instance that is not
+        # valid, one that is shutting down or terminated included (botocore's ssm model,
+        # InvalidInstanceId: "Invalid states are: Shutting-down and Terminated").
+        targets = [self.instances.instance(instance_id) for instance_id in ids]
+        for instance_id, target in zip(ids, targets, strict=True):
+            if target is None or target.state == "terminated":
                 raise LocalError("InvalidInstanceId", f"instance {instance_id} is not valid")
+        for instance_id, instance in zip(ids, targets, strict=True):
+            assert instance is not None
             folder = instance.root / "orchestration" / command_id / step["name"]
             invocation = Invocation(command_id, instance, folder, requested)
             command.invocations[instance_id] = invocation
             if refusal:
                 invocation.failure = refusal + "\n"
-                continue
-            if instance.state != "running":
                 continue
             env = agent_environment(instance.instance_id, REGION, command_id=command_id)
             spec = {"id": invocation.key, "script": script, "env": env, "timeout": timeout,
@@ -366,7 +369,12 @@ class SsmStandIn:
         command = self._command(params["CommandId"])
         for instance_id in params.get("InstanceIds") or list(command.invocations):
             inv = command.invocations.get(instance_id)
-            if inv is not None and inv.instance.state == "running":
+            # SSM records the cancel whether or not the node's agent ever acknowledges it
+            # (CancelCommand: "There is no guarantee that the command will be terminated"):
+            # an invocation on a node that died stays Cancelling (CommandInvocationStatus),
+            # and so does its command.
+            if inv is not None:
+                (inv.instance.spool / "cancel").mkdir(parents=True, exist_ok=True)
                 (inv.instance.spool / "cancel" / inv.key).touch()
         return {}
 

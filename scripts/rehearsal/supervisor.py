@@ -21,7 +21,9 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +264,120 @@ def map_run_histories() -> Iterator[list[Any]]:
         distributed.EventManager = original  # type: ignore[misc]
 
 
+#: The failure a Distributed Map's run ends with once more child executions failed than it
+#: tolerates: by default (no ToleratedFailureCount or ToleratedFailurePercentage) one (Step
+#: Functions developer guide, "Tolerated failure threshold for Distributed Map states").
+MAP_RUN_FAILED = "States.ExceedToleratedFailureThreshold"
+
+
+@contextlib.contextmanager
+def map_run_failures() -> Iterator[None]:
+    """moto's interpreter, made to fail a Distributed Map as Step Functions does when a child
+    execution fails. moto counts the failed child and goes on, the map run SUCCEEDED with null
+    in the failed child's place (DistributedItemProcessorWorker._eval_job, moto/stepfunctions/
+    parser/asl/component/state/exec/state_map/iteration/itemprocessor/
+    distributed_item_processor_worker.py: it never compares the failures with the tolerated
+    threshold). Step Functions fails the map run once the failed or timed-out children exceed
+    the threshold (by default, any one), aborts the children still running ("stopped by the
+    user or by Step Functions because the Map Run failed", API reference,
+    MapRunExecutionCounts.aborted), and the Map state fails with MAP_RUN_FAILED, which its
+    Catch may catch. The map run's cause here names the failed child, no more (the cause Step
+    Functions writes is not documented); the child's error is in the child's history."""
+    from moto.stepfunctions.parser.api import HistoryEventType, MapRunFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor import (  # noqa: E501
+        distributed_item_processor_worker as workers,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+    from moto.stepfunctions.parser.asl.eval.program_state import ProgramEnded, ProgramStopped
+
+    worker = workers.DistributedItemProcessorWorker
+    threshold = StatesErrorNameType.StatesExceedToleratedFailureThreshold
+    assert threshold.to_name() == MAP_RUN_FAILED
+    original = worker._eval_job
+    running: dict[int, set[Any]] = {}  # per job pool (one per map run): the children's frames
+    lock = threading.Lock()
+
+    def eval_job(self: Any, env: Any, job: Any) -> None:
+        pool = id(self._job_pool)
+        with lock:
+            running.setdefault(pool, set()).add(env)
+        try:
+            original(self, env, job)
+        finally:
+            with lock:
+                running[pool].discard(env)
+        ended = env.program_state()
+        if isinstance(ended, (ProgramEnded, ProgramStopped)):
+            return  # succeeded, or aborted
+        # The maps here set no threshold: moto's record holds the defaults, 0 and 0.0.
+        record = self._map_run_record
+        failed = record.item_counter.failed.get() + record.item_counter.timed_out.get()
+        total = max(1, self._job_pool._jobs_number)
+        if (
+            failed <= record.tolerated_failure_count
+            and 100.0 * failed / total <= record.tolerated_failure_percentage
+        ):
+            return
+        cause = f"child execution {job.job_index} of the map run failed"
+        with lock:
+            others = [frame for frame in running[pool] if frame is not env]
+        for frame in others:
+            frame.set_stop(stop_date=datetime.now(UTC), cause=cause, error=MAP_RUN_FAILED)
+        job.job_output = FailureEventException(
+            failure_event=FailureEvent(
+                env=env,
+                error_name=StatesErrorName(typ=threshold),
+                event_type=HistoryEventType.MapRunFailed,
+                event_details=EventDetails(  # type: ignore[typeddict-item]
+                    mapRunFailedEventDetails=MapRunFailedEventDetails(
+                        error=MAP_RUN_FAILED, cause=cause
+                    )
+                ),
+            )
+        )
+
+    worker._eval_job = eval_job  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        worker._eval_job = original  # type: ignore[method-assign]
+
+
+#: Step Functions names an AWS SDK integration's error ServiceName.ErrorName, both in PascalCase,
+#: with the Exception suffix (developer guide, "supported-services-awssdk"): SSM's
+#: InvalidInstanceId is Ssm.InvalidInstanceIdException. moto knows the service part for
+#: DynamoDB and Step Functions only and writes the rest as the ARN has it (ssm.…).
+SDK_ERROR_SERVICES = {"ssm": "Ssm"}
+
+
+@contextlib.contextmanager
+def sdk_error_names() -> Iterator[None]:
+    """moto's interpreter, naming the errors of the services in SDK_ERROR_SERVICES as Step
+    Functions does, so that a Retry or Catch on such a name matches here as on AWS."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk as aws_sdk,
+    )
+
+    names = aws_sdk._SERVICE_ERROR_NAMES
+    before = dict(names)
+    names.update(SDK_ERROR_SERVICES)
+    try:
+        yield
+    finally:
+        names.clear()
+        names.update(before)
+
+
 @contextlib.contextmanager
 def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[str]:
     """moto's Step Functions, with the interpreter on, holding the operations stack's state
@@ -290,9 +406,14 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     name = machine["Properties"].get("StateMachineName", f"{cloud.cluster_name}-jobs")
     # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
-    paths, names = jayway_json_paths(), sdk_parameter_names()
-    paths.__enter__()
-    names.__enter__()
+    paths = contextlib.ExitStack()
+    for patch in (
+        jayway_json_paths(),
+        sdk_parameter_names(),
+        map_run_failures(),
+        sdk_error_names(),
+    ):
+        paths.enter_context(patch)
     mock.start()
     aws_sdk.boto_client_for = client_for
     # The interpreter logs, at ERROR, every JSONPath a Choice finds absent ($.Grace before a
@@ -321,5 +442,4 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         aws_sdk.boto_client_for = original
         quiet.setLevel(level)
         mock.stop()
-        names.__exit__(None, None, None)
-        paths.__exit__(None, None, None)
+        paths.close()
