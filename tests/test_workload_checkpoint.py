@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from workload.checkpoint import (
     save_checkpoint,
     to_cpu,
 )
+from workload.checkpoint_writer import CheckpointWriter
 from workload.config import TrainConfig
 from workload.engine import build_optimizer
 from workload.model import build_model, train_tiny_tokenizer
@@ -201,3 +203,94 @@ def test_trainer_state_of_another_version_is_refused(tmp_path: Path, bert: tuple
     path = save_checkpoint(tmp_path, 1, model, tokenizer, state, keep=1)
     with pytest.raises(CheckpointError, match="not a trainer state this version reads"):
         load_trainer_state(path)
+
+
+# -- saves written beside the training (workload/checkpoint_writer.py) -------------------------
+
+
+def test_a_save_is_written_while_training_goes_on_with_the_weights_of_its_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = _tiny("classification")
+    optimizer = _trained_optimizer(model)
+    at_step = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    writing, release = threading.Event(), threading.Event()
+    real = checkpoint.save_checkpoint
+
+    def held(*args: Any, **kwargs: Any) -> Path:
+        writing.set()
+        assert release.wait(timeout=300)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", held)
+    writer = CheckpointWriter(tmp_path, tokenizer, keep=2)
+    writer.submit(5, model, _state(5, optimizer))
+    assert writing.wait(timeout=300)
+    # submit has returned with the write in flight: the next step changes the weights.
+    assert writer.in_flight
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    optimizer.step()
+    assert latest_checkpoint(tmp_path) is None  # complete or absent
+    release.set()
+    writer.wait()
+    weights = load_file(str(tmp_path / "checkpoints" / "step_00000005" / "model.safetensors"))
+    assert weights.keys() == at_step.keys()
+    assert all(torch.equal(weights[name], at_step[name]) for name in weights)
+
+
+def test_one_save_in_flight_at_a_time_and_the_newest_k_kept(
+    tmp_path: Path, bert: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = bert
+    optimizer = build_optimizer(model, 1e-3, 0.01)
+    real = checkpoint.save_checkpoint
+    writing: list[int] = []
+    overlapped: list[list[int]] = []
+
+    def recorded(output: Path, step: int, *args: Any, **kwargs: Any) -> Path:
+        writing.append(step)
+        if len(writing) > 1:
+            overlapped.append(list(writing))
+        try:
+            return real(output, step, *args, **kwargs)
+        finally:
+            writing.remove(step)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", recorded)
+    writer = CheckpointWriter(tmp_path, tokenizer, keep=2)
+    for step in (10, 20, 30, 40):
+        writer.submit(step, model, _state(step, optimizer))
+    writer.wait()
+    assert overlapped == []
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [30, 40]
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def test_a_background_write_that_fails_is_raised_at_the_next_check_in_one_line(
+    tmp_path: Path, bert: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = bert
+    optimizer = build_optimizer(model, 1e-3, 0.01)
+    writer = CheckpointWriter(tmp_path, tokenizer, keep=2)
+    writer.submit(10, model, _state(10, optimizer))
+    writer.wait()
+
+    def disk_full(obj: object, path: Any, *args: Any, **kwargs: Any) -> None:
+        Path(path).write_bytes(b"PK\x03\x04 partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    writer.submit(20, model, _state(20, optimizer))
+    expected = (
+        f"checkpoint {tmp_path}/checkpoints/step_00000020 could not be written (OSError: "
+        "[Errno 28] No space left on device); the previous checkpoint is the latest"
+    )
+    with pytest.raises(CheckpointError) as failed:
+        writer.wait()
+    assert str(failed.value) == expected
+    with pytest.raises(CheckpointError):
+        writer.check()  # and at every step after it
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_00000010"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000010"]

@@ -48,10 +48,11 @@ JOB = (
 )
 
 #: Runs train.py with a checkpoint save that SIGKILLs its own process half-way: after
-#: every file of the step's temporary directory is written, before the rename.
+#: every file of the step's temporary directory is written, before the rename. The write
+#: is the background writer's (workload/checkpoint_writer.py), never the training thread's.
 KILL_DURING_SAVE = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, signal, sys, threading
     sys.path.insert(0, {repo!r})
     import workload.checkpoint as checkpoint
     import workload.train as train
@@ -59,6 +60,8 @@ KILL_DURING_SAVE = textwrap.dedent(
     real = checkpoint._fsync_tree
 
     def fsync_then_die(directory):
+        if threading.current_thread() is threading.main_thread():
+            raise SystemExit("a checkpoint was written on the training thread")
         real(directory)
         if "step_{step:08d}" in directory.name:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -96,10 +96,11 @@ def start_train(
     nproc: int = 0,
     xla: bool = False,
     extra_env: dict[str, str] | None = None,
+    script: Path = TRAIN_PY,
 ) -> subprocess.Popen[str]:
-    """Start train.py in the background (output to pipes read at the end)."""
+    """Start train.py (or a driver script) in the background (output to pipes read at the end)."""
     return subprocess.Popen(
-        train_command(args, nproc=nproc),
+        train_command(args, nproc=nproc, script=script),
         cwd=str(REPO),
         env={**job_env(xla=xla), **(extra_env or {})},
         stdout=subprocess.PIPE,

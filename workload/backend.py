@@ -19,7 +19,8 @@ import logging
 import os
 import random
 import shlex
-from collections.abc import Iterable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,6 +282,12 @@ class Backend:
         the control groups (gloo), so nothing enters the device graph."""
         return flag if self.control is None else self.control.any_rank(flag)
 
+    def start_any_rank(self, flag: bool) -> Callable[[], bool]:
+        """``any_rank`` started now and answered later: returns the function that waits for
+        the answer. The ranks must start (and read) their votes at the same points, as they
+        do every collective; other coordination may run while a vote is in flight."""
+        return (lambda: flag) if self.control is None else self.control.start_any_rank(flag)
+
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
         return obj if self.control is None else self.control.broadcast_object(obj)
@@ -370,6 +377,9 @@ class Control:
     def any_rank(self, flag: bool) -> bool:
         raise NotImplementedError
 
+    def start_any_rank(self, flag: bool) -> Callable[[], bool]:
+        raise NotImplementedError
+
     def broadcast_object(self, obj: Any) -> Any:
         raise NotImplementedError
 
@@ -401,6 +411,19 @@ class OneGroup(Control):
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
         return bool(value.item())
+
+    def start_any_rank(self, flag: bool) -> Callable[[], bool]:
+        # One collective: gloo runs a group's collectives in the order they were issued
+        # (each takes the group's next tag), so later ones may be issued while it is out.
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        work = dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        assert work is not None
+
+        def answer() -> bool:
+            work.wait()
+            return bool(value.item())
+
+        return answer
 
     def broadcast_object(self, obj: Any) -> Any:
         box = [obj]
@@ -443,6 +466,10 @@ class NodeTree(Control):
     rank), so a node's ranks are the local world size from ``rank - local_rank``. Only a
     group's members create it (``use_local_synchronization``): every node its own group,
     then the leaders theirs, in that order on every rank.
+
+    ``start_any_rank`` runs its three all-reduces (up, across, down: each needs the one
+    before) in a thread of its own; every other operation first waits for that thread, so
+    each group sees its collectives in the same order on every rank.
     """
 
     def __init__(
@@ -475,8 +502,16 @@ class NodeTree(Control):
             self.leaders = dist.new_group(
                 leaders, backend="gloo", timeout=timeout, use_local_synchronization=True
             )
+        self._vote: threading.Thread | None = None
+
+    def _settle(self) -> None:
+        """Wait for the vote in flight (its answer stays with its reader)."""
+        if self._vote is not None:
+            self._vote.join()
+            self._vote = None
 
     def barrier(self) -> None:
+        self._settle()
         if self.node is not None:
             dist.barrier(group=self.node)
         if self.leaders is not None:
@@ -485,6 +520,34 @@ class NodeTree(Control):
             dist.barrier(group=self.node)
 
     def any_rank(self, flag: bool) -> bool:
+        self._settle()
+        return self._any_rank_now(flag)
+
+    def start_any_rank(self, flag: bool) -> Callable[[], bool]:
+        self._settle()
+        result: dict[str, Any] = {}
+
+        def vote() -> None:
+            try:
+                result["value"] = self._any_rank_now(flag)
+            except BaseException as exc:  # raised where the answer is read
+                result["error"] = exc
+
+        thread = threading.Thread(target=vote, name="any-rank vote", daemon=True)
+        thread.start()
+        self._vote = thread
+
+        def answer() -> bool:
+            thread.join()
+            if self._vote is thread:
+                self._vote = None
+            if "error" in result:
+                raise result["error"]
+            return bool(result["value"])
+
+        return answer
+
+    def _any_rank_now(self, flag: bool) -> bool:
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
         for group in (self.node, self.leaders, self.node):
             if group is not None:
@@ -492,12 +555,14 @@ class NodeTree(Control):
         return bool(value.item())
 
     def broadcast_object(self, obj: Any) -> Any:
+        self._settle()
         box = [obj]
         if self.leaders is not None:
             dist.broadcast_object_list(box, src=0, group=self.leaders)
         return self._from_leader(box[0])
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        self._settle()
         node: list[Any] = [obj]
         if self.node is not None:
             node = [None] * dist.get_world_size(self.node)
@@ -510,6 +575,7 @@ class NodeTree(Control):
 
     def gather_object(self, obj: Any) -> list[Any] | None:
         """Up the node to its leader, then across the leaders to rank 0."""
+        self._settle()
         node: list[Any] | None = [obj]
         if self.node is not None:
             node = [None] * dist.get_world_size(self.node) if self.is_leader else None
@@ -526,6 +592,7 @@ class NodeTree(Control):
 
     def scatter_object(self, objs: list[Any] | None) -> Any:
         """Across the leaders (a node's share each), then down each node."""
+        self._settle()
         share: Any = objs
         if self.leaders is not None:
             box: list[Any] = [None]
@@ -546,6 +613,7 @@ class NodeTree(Control):
         return mine[0]
 
     def from_node_leader(self, obj: Any) -> Any:
+        self._settle()
         return self._from_leader(obj)
 
     def _from_leader(self, obj: Any) -> Any:

@@ -12,7 +12,9 @@
 
 A checkpoint is written into ``.tmp-step_<N>-<pid>/``, every file fsynced, then renamed
 into place: the rename is the commit, so a crash during a save leaves the previous
-checkpoint as the latest complete one. Only rank 0 writes.
+checkpoint as the latest complete one. Only rank 0 writes. ``ModelSnapshot`` is the model's
+part of a save copied to host memory, which ``workload/checkpoint_writer.py`` writes while
+training goes on.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +133,20 @@ def model_state_cpu(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.contiguous() for name, tensor in to_cpu(state).items()}
 
 
+@dataclass(frozen=True)
+class ModelSnapshot:
+    """What a checkpoint keeps of the model, copied to host memory at the step it is taken:
+    the weights (contiguous CPU tensors, tied duplicates left out) and the model's config."""
+
+    tensors: dict[str, torch.Tensor]
+    config_json: str
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelSnapshot:
+        model_config: Any = getattr(model, "config")  # noqa: B009  (a transformers model)
+        return cls(model_state_cpu(model), model_config.to_json_string())
+
+
 def _fsync_tree(directory: Path) -> None:
     for path in sorted(directory.rglob("*"), reverse=True):
         fsync_path(path)
@@ -148,7 +165,7 @@ def fsync_path(path: Path) -> None:
 def save_checkpoint(
     output: Path,
     step: int,
-    model: nn.Module,
+    model: nn.Module | ModelSnapshot,
     tokenizer: Any,
     trainer_state: Mapping[str, Any],
     *,
@@ -156,8 +173,8 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep``.
 
-    ``model`` is the bare model (not DDP); tensors may live on any device.
-    ``trainer_state`` must hold only CPU tensors and plain Python values.
+    ``model`` is the bare model (not DDP; tensors may live on any device) or a snapshot of
+    it. ``trainer_state`` must hold only CPU tensors and plain Python values.
     """
     final = checkpoint_dir(output, step)
     if final.is_dir():
@@ -167,9 +184,9 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_file(model_state_cpu(model), str(tmp / MODEL_FILE), metadata={"format": "pt"})
-        model_config: Any = getattr(model, "config")  # noqa: B009  (a transformers model)
-        model_config.to_json_file(str(tmp / "config.json"))
+        snapshot = model if isinstance(model, ModelSnapshot) else ModelSnapshot.of(model)
+        save_file(snapshot.tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(snapshot.config_json, encoding="utf-8")
         tokenizer.save_pretrained(str(tmp))
         torch.save(dict(trainer_state), tmp / STATE_FILE)
         config = trainer_state.get("config")

@@ -1,7 +1,8 @@
 """How a running job is asked to stop, or to wait: SIGTERM and the hold of rehearsals.
 
-``StopRequest`` records SIGTERM; the training loop stops at the next step every rank agrees
-on, saves and exits 0 (``workload/train.py``, ``Run._stop_agreed``).
+``StopRequest`` records SIGTERM; the training loop stops at a step every rank agrees on,
+saves and exits 0 (``workload/train.py``). ``StopAgreement`` is that agreement: a host-side
+any-rank vote started at one log step and read at the next, so no step waits for it.
 
 ``TRAINIUM_HOLD_AFTER_STEP=N`` is for rehearsals and tests of faults: after step N (its
 checkpoint saved, if N is a checkpoint step) the trainers wait, doing nothing but asking each
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from workload.config import ConfigError
@@ -60,6 +61,45 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signal is not None
+
+
+class StopAgreement:
+    """Whether every rank stops after this log step: a vote that does not hold up the steps.
+
+    A vote over all ranks is a host-side all-reduce over gloo: at 1,024 nodes a ring over
+    the nodes' leaders, about 2,000 hops, with the device idle while it runs. So each log
+    step reads the answer of the vote started at the previous log step (it has had
+    ``--log-every`` steps of device time to finish) and starts the next one with this
+    rank's flag. Every rank starts and reads vote k at the same log steps and every rank
+    gets the same answer, so all stop after the same step; a SIGTERM is acted on within two
+    log intervals instead of one.
+
+    ``start`` begins a vote with this rank's flag and returns the function that waits for
+    its answer (``Backend.start_any_rank``).
+    """
+
+    def __init__(self, start: Callable[[bool], Callable[[], bool]]) -> None:
+        self._start = start
+        self._answer: Callable[[], bool] | None = None
+        self._agreed = False
+
+    def at_log_step(self, requested: bool) -> bool:
+        """True when the ranks have agreed to stop after this step (the same on every rank)."""
+        answered = self.finish()
+        agreed = self._agreed or answered
+        if not agreed:
+            self._answer = self._start(requested)
+        return agreed
+
+    def agreed_elsewhere(self) -> None:
+        """Every rank already knows of a stop (a synchronous vote, the hold's): the next
+        log step stops without waiting another vote."""
+        self._agreed = True
+
+    def finish(self) -> bool:
+        """Wait for the vote in flight, if any; its answer (False when there was none)."""
+        answer, self._answer = self._answer, None
+        return answer() if answer is not None else False
 
 
 def hold_after_step(environ: Mapping[str, str]) -> int | None:

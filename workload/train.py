@@ -39,9 +39,9 @@ from workload.checkpoint import (
     load_model_weights,
     load_trainer_state,
     remove_partial,
-    save_checkpoint,
     to_cpu,
 )
+from workload.checkpoint_writer import CheckpointWriter
 from workload.config import ConfigError, TrainConfig, parse_config
 from workload.data import (
     SPLITS,
@@ -68,7 +68,13 @@ from workload.model import (
     save_tokenizer,
     train_tiny_tokenizer,
 )
-from workload.stop import HOLD_POLL_SECONDS, HOLD_VARIABLE, StopRequest, hold_after_step
+from workload.stop import (
+    HOLD_POLL_SECONDS,
+    HOLD_VARIABLE,
+    StopAgreement,
+    StopRequest,
+    hold_after_step,
+)
 from workload.token_cache import (
     TokenizedSplit,
     cache_key,
@@ -115,6 +121,7 @@ class Run:
         self.output = Path(config.output).expanduser().resolve()
         self.graphs_only = graphs_only()
         self.stop = StopRequest()
+        self.agreement = StopAgreement(backend.start_any_rank)
         self.stopped_by_signal = False
         self.hold_after_step = hold_after_step(os.environ)
 
@@ -317,6 +324,7 @@ class Run:
         )
         if self.resumed_from is not None:
             self.metrics.write("resume", step=self.step, checkpoint=str(self.resumed_from))
+        self.writer = CheckpointWriter(self.output, self.tokenizer, keep=config.keep_checkpoints)
         self.steps_this_run = 0
         self.evals_this_run = 0
         self.warm_compiles: int | None = None
@@ -334,6 +342,7 @@ class Run:
                 for batch in backend.device_loader(self.train_loader):
                     before = (backend.host_transfers(), backend.executions())
                     self.train_step(batch)
+                    self.writer.check()  # a save that failed in the background fails the job
                     if self.warm_compiles is not None and before[0] is not None:
                         self.warm_steps += 1
                         self.warm_transfers += (backend.host_transfers() or 0) - before[0]
@@ -361,6 +370,7 @@ class Run:
                         break
                     if self.step >= self.total_steps:
                         break
+            self.agreement.finish()  # the vote in flight when the last step ended
             if self.stopped_by_signal:
                 self.metrics.write("stop", step=self.step, reason="SIGTERM")
                 log.info("SIGTERM: stopping after step %d with a checkpoint", self.step)
@@ -368,23 +378,28 @@ class Run:
                 self._evaluate()
             if self.last_save_step != self.step:
                 self._save()
+            self.writer.wait()  # a stop or the end waits for the save in flight
+            backend.barrier()
             return self._summary()
         finally:
+            self.writer.close()
             self.metrics.close()
 
     def _stop_agreed(self) -> bool:
-        """Whether any rank has received SIGTERM: asked on every rank at the same steps
-        (log steps, where the loss read has already waited for the device), so the
-        agreement adds no wait to the steps in between and every rank stops after the
-        same step. A signal is acted on within ``--log-every`` steps."""
-        return self.backend.any_rank(self.stop.requested)
+        """Whether the ranks agreed to stop after this log step because one of them received
+        SIGTERM: the answer of the vote started at the previous log step, which ran beside
+        the steps in between (workload/stop.py, ``StopAgreement``). Every rank stops after
+        the same step; a signal is acted on within two ``--log-every`` intervals."""
+        return self.agreement.at_log_step(self.stop.requested)
 
     def _hold(self) -> None:
         """Wait after this step until a stop is requested on any rank (workload/stop.py)."""
+        self.writer.wait()  # held after a checkpoint step: that checkpoint is on disk
         self.metrics.write("hold", step=self.step)
         log.info("holding after step %d until a stop is requested (%s)", self.step, HOLD_VARIABLE)
-        while not self._stop_agreed():
+        while not self.backend.any_rank(self.stop.requested):
             time.sleep(HOLD_POLL_SECONDS)
+        self.agreement.agreed_elsewhere()
 
     def _mark(self) -> None:
         self.mark_time = time.perf_counter()
@@ -485,16 +500,9 @@ class Run:
                 "device": self.backend.description,
                 "torch_version": str(torch.__version__),
             }
-            path = save_checkpoint(
-                self.output,
-                self.step,
-                self.bare,
-                self.tokenizer,
-                state,
-                keep=self.config.keep_checkpoints,
-            )
-            log.info("saved %s", path)
-        self.backend.barrier()
+            # Copied to host memory here, written while training goes on: the other ranks
+            # do not wait for the write (workload/checkpoint_writer.py).
+            self.writer.submit(self.step, self.bare, state)
         self._mark()
 
     def _summary(self) -> dict[str, Any]:
