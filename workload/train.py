@@ -333,6 +333,7 @@ class Run:
                 self.train_batches.set_position(self.epoch, self.offset)
                 for batch in backend.device_loader(self.train_loader):
                     before = (backend.host_transfers(), backend.executions())
+                    backend.seed_step(config.seed, self.step)  # dropout: the same after a resume
                     self.train_step(batch)
                     if self.warm_compiles is not None and before[0] is not None:
                         self.warm_steps += 1
