@@ -155,7 +155,7 @@ def jump_to(count):  # as a resume from a checkpoint written at optimizer step `
 for _ in range(3):  # the first step creates the state: a graph of its own
     step()
 jump_to(36310)
-step()  # the first step after a load is a graph of its own too (compiled once)
+step()  # the first step after a load
 warm = met.counter_value("UncachedCompile")
 for _ in range(5):  # optimizer steps 36,312 to 36,316
     step()

@@ -194,8 +194,18 @@ class Backend:
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Move to the device; wrap in DDP for multi-process cuda/cpu (xla all-reduces in
-        ``optimizer_step`` instead)."""
+        ``optimizer_step`` instead).
+
+        Parameters the model shares (GPT-2's LM head is its input embedding) stay shared:
+        ``Module._apply`` makes a new Parameter for each name when the CPU and XLA tensor
+        types cannot swap in place, which unties them; so under xla they are tied again
+        after the move (``tie_weights()``, as transformers' Trainer does after moving a
+        model to an XLA device, then any sharing it did not restore), before the optimizer
+        and the start-up broadcast see the parameters."""
+        shared = shared_parameters(model)
         model = model.to(self.device)
+        if self.kind == "xla" and shared:
+            retie(model, shared)
         if self.kind != "xla" and self.world_size > 1:
             device_ids = [self.device.index] if self.kind == "cuda" else None
             model = DistributedDataParallel(model, device_ids=device_ids)
@@ -320,6 +330,22 @@ class Backend:
 
             torch_xla.manual_seed(seed)
 
+    def seed_step(self, seed: int, step: int) -> None:
+        """Seed the XLA device generator (dropout) for training step ``step`` from ``seed``,
+        this rank and the step; called right before each step. Every ``torch_xla.sync()``,
+        even an empty one, advances the device seed (torch-xla's
+        ``XLAGraphExecutor::DeviceContextArena::MarkStep``), and the loader syncs once more
+        between a save and the next step when the save was at an epoch's last step than a
+        resume from that save does, so a device seed carried in the checkpoint would give
+        the resumed run other dropout masks than the run that never stopped. The seed
+        enters the graph as device data, so every step traces the same graph. cpu and cuda
+        need nothing: their generators advance only with the work, and the checkpoint
+        carries their states."""
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+
+            xm.set_rng_state(step_seed(seed, self.rank, step), str(self.device))
+
     def rng_state(self) -> dict[str, Any]:
         """This process's generator states, as plain Python objects and CPU tensors."""
         kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
@@ -366,6 +392,51 @@ class Backend:
     def close(self) -> None:
         if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+_MASK64 = 2**64 - 1
+
+
+def _splitmix64(value: int) -> int:
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """A device seed for (seed, rank, step), below 2**63: splitmix64 over the three, so
+    that neighbouring steps and ranks get unrelated streams."""
+    value = 0
+    for part in (seed, rank, step):
+        value = _splitmix64(value ^ (part & _MASK64))
+    return value >> 1
+
+
+def shared_parameters(model: nn.Module) -> dict[str, str]:
+    """{name: the first name of the same Parameter} for every parameter the model reaches
+    under more than one name (tied weights)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def retie(model: nn.Module, shared: Mapping[str, str]) -> None:
+    """Share again what ``shared`` (``shared_parameters`` before a move) says was shared:
+    the model's own ``tie_weights()`` first, then every alias it left apart."""
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    for alias, owner in shared.items():
+        param = model.get_parameter(owner)
+        if model.get_parameter(alias) is not param:
+            module_name, _, leaf = alias.rpartition(".")
+            setattr(model.get_submodule(module_name), leaf, param)
 
 
 class Control:

@@ -136,8 +136,77 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.o
                 if isinstance(step, torch.Tensor) and step.device != param.device:
                     state["step"] = step.to(device=param.device, dtype=torch.float32)
 
+    # A resumed step must trace the steady-state step's graph (precompile makes no other).
+    optimizer.register_load_state_dict_pre_hook(state_as_device_data)
     optimizer.register_load_state_dict_post_hook(keep_kernel)
+    optimizer.register_load_state_dict_post_hook(parameters_as_after_a_step)
     return optimizer
+
+
+def state_as_device_data(
+    optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A loaded optimizer state with its CPU tensors already on the XLA device, each its
+    own device data, sent in one transfer (``xm.send_cpu_data_to_device``); None (load
+    as it is) off XLA.
+
+    ``load_state_dict`` would move them one by one with ``.to(device)``, and torch-xla
+    uploads a 0-dim CPU tensor through a cache keyed by its value
+    (``XLATensor::GetIrValueForTensor``): the per-parameter AdamW step counts, all equal
+    after a resume, would become one graph input where the steady-state step has one per
+    parameter (each an output of the step before), and the first step after a resume a
+    graph of its own. Each float tensor is cast on the host to its parameter's dtype (the
+    step counts to float32, as capturable AdamW keeps them), so no cast enters the graph.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params or params[0].device.type != "xla":
+        return None
+    import torch_xla.core.xla_model as xm
+
+    saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+    param_of = dict(zip(saved_ids, params, strict=False))
+    state = {pid: dict(entry) for pid, entry in state_dict["state"].items()}
+    places: list[tuple[Any, str]] = []
+    tensors: list[torch.Tensor] = []
+    for pid, entry in state.items():
+        param = param_of.get(pid)
+        for key, value in entry.items():
+            if param is None or not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+                continue
+            if key == "step":
+                tensors.append(value.to(torch.float32))
+            elif value.is_floating_point() and param.is_floating_point():
+                tensors.append(value.to(param.dtype))
+            else:
+                tensors.append(value)
+            places.append((pid, key))
+    if not tensors:
+        return None
+    moved: list[torch.Tensor] = xm.send_cpu_data_to_device(tensors, params[0].device)  # type: ignore[assignment]
+    for (pid, key), tensor in zip(places, moved, strict=True):
+        state[pid][key] = tensor
+    return {**state_dict, "state": state}
+
+
+def parameters_as_after_a_step(optimizer: torch.optim.Optimizer) -> None:
+    """Leave every XLA parameter as an optimizer step leaves it: updated in place.
+
+    torch-xla runs on functionalization: an in-place update is recorded on the
+    parameter's storage and applied when the parameter is next read, not at the sync.
+    In steady state the forward pass therefore takes its views (each ``nn.Linear``'s
+    ``weight.t()``) from parameters the last step updated, and the backward pass
+    regenerates them from the storage: the step's HLO holds each such transpose twice.
+    A parameter just loaded has nothing pending, so the first step after a resume would
+    trace each transpose once: another HLO for the compiler, though torch-xla's graph
+    hash (and so its compile counters) cannot tell the two apart. A copy of each
+    parameter onto itself records an update and computes nothing (the next step's HLO is
+    the steady one's, tests/test_workload_xla_resume.py)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params or params[0].device.type != "xla":
+        return
+    with torch.no_grad():
+        for param in params:
+            param.copy_(param)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:

@@ -341,6 +341,7 @@ class Run:
                 self.train_batches.set_position(self.epoch, self.offset)
                 for batch in backend.device_loader(self.train_loader):
                     before = (backend.host_transfers(), backend.executions())
+                    backend.seed_step(config.seed, self.step)  # dropout: the same after a resume
                     self.train_step(batch)
                     self.writer.check()  # a save that failed in the background fails the job
                     if self.warm_compiles is not None and before[0] is not None:
