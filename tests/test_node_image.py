@@ -310,3 +310,17 @@ def test_delete_calls_nothing(
     (body,) = bodies
     assert body["Status"] == "SUCCESS"
     assert body["PhysicalResourceId"] == "ami-0bbbbbbbbbbbbbbb2"
+
+
+def test_the_documented_failure_is_the_handlers(default: Synth) -> None:
+    """docs/deploy.md shows the line a region without the image fails the deploy with."""
+    client = boto3.client(
+        "ec2", region_name="eu-west-1", aws_access_key_id="testing", aws_secret_access_key="t"
+    )
+    properties = _properties(default)
+    with Stubber(client) as stubber:
+        stubber.add_response("describe_images", {"Images": []}, _expected_request(properties))
+        with pytest.raises(LookupError) as raised:
+            handler_module.newest_image(client, properties)
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "deploy.md").read_text()
+    assert f"\n{raised.value}\n" in docs
