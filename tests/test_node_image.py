@@ -251,9 +251,16 @@ def _event(request_type: str, url: str, default: Synth, **extra: Any) -> dict[st
     }
 
 
-@pytest.mark.parametrize("request_type", ["Create", "Update"])
-def test_create_and_update_answer_the_image(
-    request_type: str,
+def _run(event: dict[str, Any], bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    handler_module.handler(event, _Context())
+    (body,) = bodies
+    assert {k: body[k] for k in ("StackId", "RequestId", "LogicalResourceId")} == {
+        k: event[k] for k in ("StackId", "RequestId", "LogicalResourceId")
+    }
+    return body
+
+
+def test_create_answers_the_newest_image(
     default: Synth,
     ec2: tuple[Any, Stubber],
     response_url: tuple[str, list[dict[str, Any]]],
@@ -262,19 +269,67 @@ def test_create_and_update_answer_the_image(
     client, stubber = ec2
     url, bodies = response_url
     monkeypatch.setattr(handler_module, "ec2_client", lambda: client)
-    image = _image("ami-0bbbbbbbbbbbbbbb2", "2026-04-20T08:00:00.000Z")
+    images = [
+        _image("ami-0aaaaaaaaaaaaaaa1", "2026-03-02T10:11:12.000Z"),
+        _image("ami-0bbbbbbbbbbbbbbb2", "2026-04-20T08:00:00.000Z"),
+    ]
     request = _expected_request(_properties(default))
-    stubber.add_response("describe_images", {"Images": [image]}, request)
-    extra = {"PhysicalResourceId": "ami-0aaaaaaaaaaaaaaa1"} if request_type == "Update" else {}
-    event = _event(request_type, url, default, **extra)
-    handler_module.handler(event, _Context())
-    (body,) = bodies
+    stubber.add_response("describe_images", {"Images": images}, request)
+    body = _run(_event("Create", url, default), bodies)
     assert body["Status"] == "SUCCESS"
     assert body["PhysicalResourceId"] == "ami-0bbbbbbbbbbbbbbb2"
     assert body["Data"]["ImageId"] == "ami-0bbbbbbbbbbbbbbb2"
-    assert {k: body[k] for k in ("StackId", "RequestId", "LogicalResourceId")} == {
-        k: event[k] for k in ("StackId", "RequestId", "LogicalResourceId")
-    }
+
+
+@pytest.mark.parametrize("current", ["of another release", "deregistered"])
+def test_a_new_release_finds_its_newest_image(
+    current: str,
+    default: Synth,
+    ec2: tuple[Any, Stubber],
+    response_url: tuple[str, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An update whose image no longer matches (the table's release changed) finds anew."""
+    client, stubber = ec2
+    url, bodies = response_url
+    monkeypatch.setattr(handler_module, "ec2_client", lambda: client)
+    request = _expected_request(_properties(default))
+    old = "ami-0aaaaaaaaaaaaaaa1"
+    if current == "deregistered":
+        stubber.add_client_error(
+            "describe_images",
+            service_error_code="InvalidAMIID.NotFound",
+            service_message=f"The image id '[{old}]' does not exist",
+            expected_params={**request, "ImageIds": [old]},
+        )
+    else:
+        stubber.add_response("describe_images", {"Images": []}, {**request, "ImageIds": [old]})
+    newest = _image("ami-0bbbbbbbbbbbbbbb2", "2026-04-20T08:00:00.000Z")
+    stubber.add_response("describe_images", {"Images": [newest]}, request)
+    body = _run(_event("Update", url, default, PhysicalResourceId=old), bodies)
+    assert body["Status"] == "SUCCESS"
+    assert body["PhysicalResourceId"] == body["Data"]["ImageId"] == newest["ImageId"]
+
+
+def test_an_update_keeps_the_image_while_it_matches(
+    default: Synth,
+    ec2: tuple[Any, Stubber],
+    response_url: tuple[str, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rollback to the old release, or a change that is not the release's: the image in use
+    stays, though a newer one of the release exists (no second call: the Stubber refuses it)."""
+    client, stubber = ec2
+    url, bodies = response_url
+    monkeypatch.setattr(handler_module, "ec2_client", lambda: client)
+    request = _expected_request(_properties(default))
+    old = _image("ami-0aaaaaaaaaaaaaaa1", "2026-03-02T10:11:12.000Z")
+    stubber.add_response(
+        "describe_images", {"Images": [old]}, {**request, "ImageIds": [old["ImageId"]]}
+    )
+    body = _run(_event("Update", url, default, PhysicalResourceId=old["ImageId"]), bodies)
+    assert body["Status"] == "SUCCESS"
+    assert body["PhysicalResourceId"] == body["Data"]["ImageId"] == old["ImageId"]
 
 
 def test_a_failed_look_up_fails_the_deploy_with_its_reason(

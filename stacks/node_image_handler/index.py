@@ -6,7 +6,8 @@ it answers stays the launch template's image across later deploys. It finds the 
 the Neuron DLAMI User Guide's "Finding a DLAMI for a specific Neuron SDK version" does (EC2
 DescribeImages by owner, name and the SDK version in the description: Neuron publishes SSM
 parameters for the latest DLAMI only), x86_64 and available, deprecated images included (a
-DLAMI past its deprecation date still launches), and answers the one created last. None: the
+DLAMI past its deprecation date still launches), and answers the one created last; an update
+keeps the image in use while it still matches (a rollback gets back the image it had). None: the
 deploy fails with one line naming the filters and the region. Standard library and boto3 only
 (the Lambda Python runtime's); the response goes to CloudFormation's pre-signed URL
 (CloudFormation User Guide, "Custom resource response objects").
@@ -19,6 +20,7 @@ import urllib.request
 from typing import Any
 
 import boto3
+from botocore.exceptions import ClientError
 
 #: The properties the stack passes (stacks/node_image.py), all required.
 PROPERTIES = ("Release", "Owner", "NameFilter", "DescriptionFilter", "Architecture")
@@ -29,8 +31,8 @@ def ec2_client() -> Any:
     return boto3.client("ec2")
 
 
-def newest_image(ec2: Any, properties: dict[str, Any]) -> dict[str, Any]:
-    """The image created last among those matching the properties; LookupError if none."""
+def _images(ec2: Any, properties: dict[str, Any], **request: Any) -> list[dict[str, Any]]:
+    """Every image matching the properties (and `request`, e.g. ImageIds), all pages."""
     missing = [name for name in PROPERTIES if not properties.get(name)]
     if missing:
         raise ValueError(f"the node image resource lacks the properties {', '.join(missing)}")
@@ -43,9 +45,15 @@ def newest_image(ec2: Any, properties: dict[str, Any]) -> dict[str, Any]:
     images: list[dict[str, Any]] = []
     paginator = ec2.get_paginator("describe_images")
     for page in paginator.paginate(
-        Owners=[properties["Owner"]], Filters=filters, IncludeDeprecated=True
+        Owners=[properties["Owner"]], Filters=filters, IncludeDeprecated=True, **request
     ):
         images.extend(page.get("Images", []))
+    return images
+
+
+def newest_image(ec2: Any, properties: dict[str, Any]) -> dict[str, Any]:
+    """The image created last among those matching the properties; LookupError if none."""
+    images = _images(ec2, properties)
     if not images:
         raise LookupError(
             f"no image of Neuron {properties['Release']} in {ec2.meta.region_name}: EC2 "
@@ -58,13 +66,29 @@ def newest_image(ec2: Any, properties: dict[str, Any]) -> dict[str, Any]:
     return max(images, key=lambda image: (image.get("CreationDate", ""), image["ImageId"]))
 
 
+def image_for(ec2: Any, properties: dict[str, Any], current: str) -> dict[str, Any]:
+    """On an update, the image in use while it still matches the properties (a rollback, or a
+    change that is not the release's, keeps it); otherwise the newest match."""
+    if current.startswith("ami-"):
+        try:
+            kept = _images(ec2, properties, ImageIds=[current])
+        except ClientError as error:  # deregistered: InvalidAMIID.NotFound / .Unavailable
+            if not error.response.get("Error", {}).get("Code", "").startswith("InvalidAMIID"):
+                raise
+            kept = []
+        if kept:
+            return kept[0]
+    return newest_image(ec2, properties)
+
+
 def handler(event: dict[str, Any], context: Any) -> None:
     """CloudFormation's request in, its response to the pre-signed URL out (never raises)."""
     status, reason, data = "SUCCESS", "", {}
     physical_id = event.get("PhysicalResourceId") or ""
     try:
         if event["RequestType"] in ("Create", "Update"):
-            image = newest_image(ec2_client(), event["ResourceProperties"])
+            current = physical_id if event["RequestType"] == "Update" else ""
+            image = image_for(ec2_client(), event["ResourceProperties"], current)
             physical_id = image["ImageId"]
             data = {
                 "ImageId": image["ImageId"],
