@@ -29,8 +29,15 @@ from aws_cdk import aws_sns as sns
 from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
-from stacks.config import CLUSTER_TAG_KEY, ROLE_TAG_KEY, WORKER_ROLE, ClusterConfig
+from stacks.config import (
+    CLUSTER_TAG_KEY,
+    NEURON_RELEASE_AMI,
+    ROLE_TAG_KEY,
+    WORKER_ROLE,
+    ClusterConfig,
+)
 from stacks.nag import acknowledge
+from stacks.node_image import NeuronReleaseImage
 from stacks.storage import FSX_MOUNT_POINT, StorageStack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -241,10 +248,15 @@ class ClusterNodes(Construct):
         user_data: ec2.UserData,
         alarm_topic: sns.ITopic,
         software_version: str,
+        image_log_group: logs.ILogGroup,
     ) -> None:
         super().__init__(scope, construct_id)
         if config.ami.startswith("ami-"):
             image_id = config.ami
+        elif config.ami == NEURON_RELEASE_AMI:
+            # The table's training release, found once at deploy time and kept: a custom
+            # resource runs again only when the release in neuron_releases.json changes.
+            image_id = NeuronReleaseImage(self, "Image", log_group=image_log_group).image_id
         else:
             # A CloudFormation parameter resolved at deploy time: every node launched from this
             # template version runs the same image, even when the parameter moves on.
@@ -477,6 +489,7 @@ class ComputeStack(cdk.Stack):
             user_data=self.user_data,
             alarm_topic=alarm_topic,
             software_version=version,
+            image_log_group=training_log_group,
         )
         self.software_version = version
         # What the nodes should run; `cluster.py status` compares each node with these.

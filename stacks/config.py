@@ -17,10 +17,12 @@ from typing import Any
 
 from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES, InstanceTypeSpec
 
-#: The PyTorch 2.9 Neuron DLAMI's parameter. Neuron publishes parameters for the latest DLAMI of
-#: each type only, and this one is frozen at Neuron 2.31.x, which no longer trains with
-#: PyTorch/XLA: the nodes refuse it (scripts/node/neuron_releases.json). Pin an image of Neuron
-#: 2.29.1 instead (ami=ami-..., found as docs/deploy.md "The node image" shows).
+#: The default `ami`: the Neuron DLAMI of the training release named under `image` in
+#: scripts/node/neuron_releases.json, the newest such image in the stack's region, found at the
+#: first deploy and kept by later ones (stacks/node_image.py). Neuron publishes SSM parameters
+#: for the latest DLAMI of each type only, and the PyTorch 2.9 one below is frozen at Neuron
+#: 2.31.x, which no longer trains with PyTorch/XLA: the nodes refuse its image.
+NEURON_RELEASE_AMI = "neuron-release"
 DEFAULT_AMI_PARAMETER = "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id"
 
 #: Availability Zone IDs (not names: names differ between accounts) of a zone that offers trn1
@@ -125,11 +127,13 @@ class ClusterConfig:
     az_id: str = _setting("", "an Availability Zone ID of the region, such as use1-az6")
     instance_type: str = _setting("trn1.32xlarge", ", ".join(CLUSTER_INSTANCE_TYPES))
     node_count: int = _setting(2, f"1 to {MAX_NODES}")
-    #: An SSM parameter resolved at deploy time, or a pinned AMI ID.
+    #: The table's Neuron DLAMI (found at the first deploy), a pinned AMI ID, or an SSM
+    #: parameter resolved at every deploy.
     ami: str = _setting(
-        DEFAULT_AMI_PARAMETER,
-        "an AMI ID (ami- and 8 or 17 hex digits) or an SSM parameter path such as "
-        + DEFAULT_AMI_PARAMETER,
+        NEURON_RELEASE_AMI,
+        f"{NEURON_RELEASE_AMI} (the Neuron DLAMI of scripts/node/neuron_releases.json's "
+        "release, found at the first deploy), an AMI ID (ami- and 8 or 17 hex digits) or an SSM "
+        "parameter path such as " + DEFAULT_AMI_PARAMETER,
     )
     fsx_storage_gib: int = _setting(
         FSX_MIN_GIB, f"{FSX_MIN_GIB} or a multiple of {FSX_STEP_GIB} (2400, 4800, ...)"
@@ -197,9 +201,10 @@ class ClusterConfig:
                 f"interface; allowed: node_count=1, or instance_type {', '.join(with_efa)}"
             )
         self._require(
-            bool(_AMI_ID_RE.match(self.ami) or _SSM_PARAMETER_RE.match(self.ami)),
+            self.ami == NEURON_RELEASE_AMI
+            or bool(_AMI_ID_RE.match(self.ami) or _SSM_PARAMETER_RE.match(self.ami)),
             "ami",
-            "neither an AMI ID nor an SSM parameter path",
+            f"neither {NEURON_RELEASE_AMI}, an AMI ID nor an SSM parameter path",
         )
         self._require(
             FSX_MIN_GIB <= self.fsx_storage_gib <= FSX_MAX_GIB
@@ -240,9 +245,10 @@ class ClusterConfig:
         if self.internet_egress == "endpoints" and not _AMI_ID_RE.match(self.ami):
             raise ConfigError(
                 f"internet_egress=endpoints is not allowed with ami={self.ami}: with no internet "
-                "the nodes cannot install the Lustre client or Python packages, and an SSM "
-                "parameter may move to an image that lacks them; allowed: a pinned ami-... that "
-                "carries all software, or internet_egress=nat"
+                "the nodes cannot install the Lustre client or Python packages, which the stock "
+                f"Neuron DLAMI (ami={NEURON_RELEASE_AMI}, the default) lacks, and an SSM "
+                "parameter may move to another image; allowed: a pinned ami-... that carries all "
+                "software, or internet_egress=nat"
             )
         self._require(
             not self.alarm_email or bool(_EMAIL_RE.match(self.alarm_email)),

@@ -11,6 +11,7 @@ import pytest
 from stacks.config import (
     DEFAULT_AMI_PARAMETER,
     DEFAULT_AZ_IDS,
+    NEURON_RELEASE_AMI,
     ClusterConfig,
     ConfigError,
     az_id_prefix,
@@ -54,7 +55,8 @@ def test_defaults() -> None:
     assert config.az_id == "use1-az6"  # the region's trn1 zone
     assert config.instance_type == "trn1.32xlarge"
     assert config.node_count == 2
-    assert config.ami == DEFAULT_AMI_PARAMETER
+    # The table's training release, found at the first deploy (stacks/node_image.py).
+    assert config.ami == NEURON_RELEASE_AMI
     assert config.retain_data is True
     assert config.internet_egress == "nat"
     assert config.instance is INSTANCE_TYPES["trn1.32xlarge"]
@@ -153,10 +155,15 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
         ),
         (
             {"ami": "ami-123"},
-            "ami='ami-123' is neither an AMI ID nor an SSM parameter path; allowed: an AMI ID "
-            "(ami- and 8 or 17 hex digits)",
+            "ami='ami-123' is neither neuron-release, an AMI ID nor an SSM parameter path; "
+            "allowed: neuron-release (the Neuron DLAMI of scripts/node/neuron_releases.json's "
+            "release, found at the first deploy), an AMI ID (ami- and 8 or 17 hex digits)",
         ),
-        ({"ami": "latest"}, "ami='latest' is neither an AMI ID nor an SSM parameter path"),
+        (
+            {"ami": "latest"},
+            "ami='latest' is neither neuron-release, an AMI ID nor an SSM parameter path",
+        ),
+        ({"ami": "Neuron-Release"}, "ami='Neuron-Release' is neither neuron-release"),
         (
             {"instance_type": "trn1.2xlarge"},
             "node_count=2 is not allowed with instance_type=trn1.2xlarge: nodes talk over EFA "
@@ -223,6 +230,11 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
         ),
         (
             {"internet_egress": "endpoints"},
+            f"internet_egress=endpoints is not allowed with ami={NEURON_RELEASE_AMI}: with no "
+            "internet the nodes cannot install",
+        ),
+        (
+            {"internet_egress": "endpoints", "ami": DEFAULT_AMI_PARAMETER},
             f"internet_egress=endpoints is not allowed with ami={DEFAULT_AMI_PARAMETER}: with no "
             "internet the nodes cannot install",
         ),
@@ -244,6 +256,11 @@ def test_bad_values_are_refused_with_one_line(context: dict[str, str], message: 
     text = str(raised.value)
     assert text.startswith(message)
     assert "\n" not in text
+
+
+@pytest.mark.parametrize("ami", [DEFAULT_AMI_PARAMETER, "ami-0123456789abcdef0", "ami-12c6146b"])
+def test_a_pinned_ami_or_an_ssm_parameter_replaces_the_default(ami: str) -> None:
+    assert from_context(ami=ami).ami == ami
 
 
 def test_endpoints_with_a_pinned_ami_is_allowed() -> None:

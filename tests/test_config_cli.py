@@ -43,9 +43,11 @@ BAD_SETTINGS = [
     ),
     pytest.param(
         ["ami=ami-12345"],
-        "error: ami='ami-12345' is neither an AMI ID nor an SSM parameter path; allowed: an AMI "
-        "ID (ami- and 8 or 17 hex digits) or an SSM parameter path such as "
-        "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id",
+        "error: ami='ami-12345' is neither neuron-release, an AMI ID nor an SSM parameter path; "
+        "allowed: neuron-release (the Neuron DLAMI of scripts/node/neuron_releases.json's "
+        "release, found at the first deploy), an AMI ID (ami- and 8 or 17 hex digits) or an SSM "
+        "parameter path such as /aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/"
+        "image_id",
         id="malformed-ami",
     ),
     pytest.param(
@@ -57,10 +59,10 @@ BAD_SETTINGS = [
     ),
     pytest.param(
         ["internet_egress=endpoints"],
-        "error: internet_egress=endpoints is not allowed with ami=/aws/service/neuron/dlami/"
-        "pytorch-2.9/ubuntu-24.04/latest/image_id: with no internet the nodes cannot install "
-        "the Lustre client or Python packages, and an SSM parameter may move to an image that "
-        "lacks them; allowed: a pinned ami-... that carries all software, or "
+        "error: internet_egress=endpoints is not allowed with ami=neuron-release: with no "
+        "internet the nodes cannot install the Lustre client or Python packages, which the "
+        "stock Neuron DLAMI (ami=neuron-release, the default) lacks, and an SSM parameter may "
+        "move to another image; allowed: a pinned ami-... that carries all software, or "
         "internet_egress=nat",
         id="endpoints-without-pinned-ami",
     ),

