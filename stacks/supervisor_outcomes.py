@@ -38,6 +38,14 @@ def _why(construct_id: str, template: str, *values: str) -> cached_property[sfn.
 class OutcomeStates(StatesBase):
     """The states after an attempt, each made once, when the workflow first names it."""
 
+    def _why_pass(self, construct_id: str, template: str, *values: str) -> sfn.Pass:
+        """As _why, for a text that needs the cluster's settings."""
+        return self._pass(
+            construct_id,
+            parameters={"Text": sfn.JsonPath.format(template, *values)},
+            result_path="$.Why",
+        )
+
     # The nodes run different software ------------------------------------------------------------
     @cached_property
     def notify_mixed_fleet(self) -> sfn.TaskStateBase:
@@ -239,12 +247,57 @@ class OutcomeStates(StatesBase):
 
     wait_before_retry = wait("WaitBeforeRetry", "$.Job.RetryDelaySeconds")
 
+    # A long wait for nodes, and its limit (node_wait_hours) -------------------------------------
+    @cached_property
+    def describe_long_wait(self) -> sfn.Pass:
+        return self._why_pass(
+            "DescribeLongWait",
+            "{} of {} nodes InService and healthy after {} polls ({} s of waiting in all); the "
+            "wait goes on",
+            sfn.JsonPath.string_at("$.Group.Count"),
+            str(self.t.config.node_count),
+            sfn.JsonPath.string_at("$.NodeWaits.Count"),
+            sfn.JsonPath.string_at("$.NodeWaits.Seconds"),
+        )
+
+    @cached_property
+    def notify_long_wait(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyLongWait",
+            "waits for nodes",
+            "Job {} waits for nodes: {}. It fails after {} hours of waiting (node_wait_hours). "
+            "`cluster.py status` shows the nodes.",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Why.Text"),
+            str(self.t.config.node_wait_hours),
+        )
+
+    @cached_property
+    def describe_wait_limit(self) -> sfn.Pass:
+        return self._why_pass(
+            "DescribeWaitLimit",
+            "no full set of nodes: {} of {} nodes InService and healthy after {} s of waiting, "
+            "the limit of the job (node_wait_hours)",
+            sfn.JsonPath.string_at("$.Group.Count"),
+            str(self.t.config.node_count),
+            sfn.JsonPath.string_at("$.NodeWaits.Seconds"),
+        )
+
+    @cached_property
+    def notify_wait_limit(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyWaitLimit",
+            "failed",
+            "Job {} failed: {}. Train again with the same job ID to resume once the nodes are "
+            "there (`cluster.py status`).",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Why.Text"),
+        )
+
+    #: A failed job, as JobFailed (the CLI reads the error), ended by the wait for nodes.
+    nodes_not_ready = fail("NodesNotReady", error="JobFailed", cause_path="$.Why.Text")
+
     # Handing the job over to a new execution (the history budget) --------------------------------
-    describe_long_wait = _why(
-        "DescribeLongWait",
-        "no full set of InService, healthy nodes after {} polls; the wait goes on",
-        sfn.JsonPath.string_at("$.NodeWaits.Count"),
-    )
 
     @cached_property
     def hand_over(self) -> sfn.Pass:
@@ -256,6 +309,7 @@ class OutcomeStates(StatesBase):
                 "Carry": {
                     "Counters": sfn.JsonPath.object_at("$.Counters"),
                     "ContinuedFrom": sfn.JsonPath.string_at("$$.Execution.Id"),
+                    "NodeWaited": sfn.JsonPath.number_at("$.NodeWaits.Seconds"),
                 },
             },
             result_path="$.Handover",

@@ -9,9 +9,12 @@ around it is stacks/supervisor.py.
     ReadGroup → MoreOfGroup
     MoreOfGroup     another page of IDs → ReadGroupPage → AddGroupPage → JoinGroupPage
                     → MoreOfGroup; the last → PartitionGroup → ReadNodes → CountNodes → FullSet
-    FullSet         all nodes InService and HEALTHY → JoinHosts
+    FullSet         node_count nodes (or more) InService and HEALTHY → JoinHosts
                     otherwise → WaitForNodes → CountNodeWait → KeepWaiting
-    KeepWaiting     MAX_NODE_WAITS polls → DescribeLongWait → HandOver; otherwise → ReadGroup
+    KeepWaiting     node_wait_hours waited in all → DescribeWaitLimit → NotifyWaitLimit
+                    → NodesNotReady (fails: JobFailed)
+                    MAX_NODE_WAITS polls → DescribeLongWait → NotifyLongWait → HandOver
+                    otherwise → ReadGroup
     JoinHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
     NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
     PreflightPassed a mixed fleet → NotifyMixedFleet → NodesDiffer (fails)
@@ -47,7 +50,7 @@ from stacks.supervisor_limits import MAX_NODE_WAITS
 from stacks.supervisor_states import SupervisorStates
 
 
-def definition(s: SupervisorStates, *, node_count: int) -> sfn.IChainable:
+def definition(s: SupervisorStates, *, node_count: int, wait_seconds: int) -> sfn.IChainable:
     """The whole workflow, joined phase by phase; returns its first state."""
     # aws-cdk-lib lists the states by walking from the first one, taking a state's predecessors
     # (in the order they were joined to it) before its successors. So the order of these calls,
@@ -55,7 +58,7 @@ def definition(s: SupervisorStates, *, node_count: int) -> sfn.IChainable:
     # though not what they do; it is kept as deployed (tests/test_stacks_snapshots.py):
     # ReadGroup is joined from KeepWaiting before the job's start, HandOver from a leg end
     # before a retry, RetryLeft from WasStopped before AnyStopCommand.
-    wait_for_nodes(s, node_count=node_count)
+    wait_for_nodes(s, node_count=node_count, wait_seconds=wait_seconds)
     first = start_the_job(s)
     run_an_attempt(s)
     after_a_leg_end(s)
@@ -88,10 +91,12 @@ def start_the_job(s: SupervisorStates) -> sfn.IChainable:
     return first
 
 
-def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
-    """Poll the group until `node_count` nodes are InService and HEALTHY, then build the host
-    list; after MAX_NODE_WAITS polls a successor execution waits on. The group is read page by
-    page and batch by batch (stacks/supervisor_group.py)."""
+def wait_for_nodes(s: SupervisorStates, *, node_count: int, wait_seconds: int) -> None:
+    """Poll the group until `node_count` nodes (or more: JoinHosts takes node_count of them)
+    are InService and HEALTHY, then build the host list; after MAX_NODE_WAITS polls a successor
+    execution waits on (the operator hears of it), and after `wait_seconds` of waiting in all,
+    counted in polls over the hand-overs, the job fails naming the count. The group is read
+    page by page and batch by batch (stacks/supervisor_group.py)."""
     s.read_group.next(s.more_of_group)
     s.more_of_group.when(sfn.Condition.is_present("$.Group.Next[0]"), s.read_group_page).otherwise(
         s.partition_group
@@ -99,14 +104,18 @@ def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
     s.read_group_page.next(s.add_group_page).next(s.join_group_page).next(s.more_of_group)
     s.partition_group.next(s.read_nodes).next(s.count_nodes).next(s.full_set)
     s.full_set.when(
-        sfn.Condition.number_equals("$.Group.Count", node_count), s.join_hosts
+        sfn.Condition.number_greater_than_equals("$.Group.Count", node_count), s.join_hosts
     ).otherwise(s.wait_for_nodes)
     s.wait_for_nodes.next(s.count_node_wait).next(s.keep_waiting)
     s.keep_waiting.when(
+        sfn.Condition.number_greater_than_equals("$.NodeWaits.Seconds", wait_seconds),
+        s.describe_wait_limit,
+    ).when(
         sfn.Condition.number_greater_than_equals("$.NodeWaits.Count", MAX_NODE_WAITS),
         s.describe_long_wait,
     ).otherwise(s.read_group)
-    s.describe_long_wait.next(s.hand_over)
+    s.describe_wait_limit.next(s.notify_wait_limit).next(s.nodes_not_ready)
+    s.describe_long_wait.next(s.notify_long_wait).next(s.hand_over)
 
     # The host list "a,b,c" in one state (stacks/supervisor_states.py, host_list_format).
     s.join_hosts.next(s.nodes_ready_at).next(s.split_nodes_ready_at).next(s.nodes_ready)

@@ -1,0 +1,164 @@
+"""Faults the job supervisor rides out, rehearsed through its synthesized state machine (moto's
+ASL interpreter, scripts/rehearsal/supervisor.py) against the AWS stand-in over a simulated
+fleet (scripts/rehearsal/fleet.py: the nodes' agents answer every invocation as the test tells
+them, no process runs on a node): the wait for nodes that never ends, a stop that reaches the
+nodes while the supervisor runs, an agent cut off from SSM, a SendCommand that fails after SSM
+accepted it, and a new job racing a hand-over.
+
+The waits of the state machine (PollSeconds, the grace, the retry delay) pass at once here
+(`instant_waits`): a job's hours of waiting take seconds, and nothing in these tests depends on
+how long a wait takes, only on how many there were (the supervisor counts its waits in
+PollSeconds, stacks/supervisor_workflow.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+
+from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
+from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
+from stacks.supervisor_limits import MAX_NODE_WAITS
+from tests.cdk_support import Synth
+from tests.test_supervisor import Supervisor, default
+
+__all__ = ["default"]  # the default cluster's synth, a fixture of test_supervisor
+
+#: The default cluster's job settings in these rehearsals: waits pass at once (instant_waits),
+#: so PollSeconds only says how much waiting each poll counts for.
+SETTINGS = {"PollSeconds": 720, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
+
+
+@contextlib.contextmanager
+def instant_waits() -> Iterator[None]:
+    """Every Wait state of moto's interpreter (moto/stepfunctions/parser/asl/component/state/
+    wait/wait_function/wait_function.py, WaitFunction._wait_interval) passes at once."""
+    from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import (
+        WaitFunction,
+    )
+
+    def at_once(self: Any, env: Any, wait_seconds: int) -> None:
+        env.program_state_event.wait(0.005)
+
+    with patch.object(WaitFunction, "_wait_interval", at_once):
+        yield
+
+
+@contextlib.contextmanager
+def simulated(
+    tmp_path: Path, synthesized: Synth, nodes: int
+) -> Iterator[tuple[LocalCloud, SimulatedAgents, Supervisor]]:
+    """`nodes` simulated nodes (any number: the cluster's node_count is the synthesized one),
+    their agents, and the synthesized state machine in moto's interpreter."""
+    with (
+        LocalCloud(
+            SimulatedHosts(nodes),  # type: ignore[arg-type]
+            tmp_path,
+            cluster_name=synthesized.config.cluster_name,
+            instances=SimulatedInstances,
+        ) as cloud,
+        local_supervisor(cloud, synthesized.templates["operations"]) as arn,
+        map_run_histories() as map_runs,
+        instant_waits(),
+    ):
+        agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
+        agents.attach(cloud)
+        try:
+            yield cloud, agents, Supervisor(cloud, arn, map_runs)
+        finally:
+            agents.close()
+
+
+def ended(supervisor: Supervisor, execution: str, timeout: float, most: int = 4) -> str:
+    """The status of the job's last execution once the chain ended; fails once the job has
+    gone through more than `most` executions (a wait that never ends hands itself over
+    forever) or after `timeout` seconds (an upper bound only)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        chain = supervisor.chain(execution)
+        assert len(chain) <= most, f"the job went on through {len(chain)} executions"
+        status = supervisor.status(chain[-1])
+        if status != "RUNNING" and supervisor.successor(chain[-1]) is None:
+            return status
+        assert time.monotonic() < deadline, supervisor.trace(execution)
+        time.sleep(0.2)
+
+
+def subjects(cloud: LocalCloud) -> list[str]:
+    return [n["Subject"].split(" ", 3)[-1] for n in cloud.notifications]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ the wait for nodes
+
+
+@pytest.mark.slow
+def test_a_wait_for_nodes_that_never_ends_tells_the_operator_and_fails_at_its_limit(
+    tmp_path: Path, default: Synth
+) -> None:
+    """No capacity: one of the cluster's two nodes runs (a Capacity Block scaled to 0 has
+    none). The supervisor polls for nodes, hands the job over after MAX_NODE_WAITS polls and
+    says so on the topic, and once it has waited node_wait_hours in all (counted over the
+    hand-over) ends FAILED, naming how many nodes it saw of how many it needs: the EventBridge
+    rule on FAILED executions (stacks/supervisor.py) then reaches the operator too. Before,
+    the job handed itself over forever and no one heard of it after the start."""
+    config = default.config
+    limit = config.node_wait_hours * 3600
+    polls = -(-limit // SETTINGS["PollSeconds"])
+    assert MAX_NODE_WAITS < polls < 2 * MAX_NODE_WAITS  # one hand-over, then the limit
+    with simulated(tmp_path, default, 1) as (cloud, _, supervisor):
+        execution = supervisor.start("no-capacity", **SETTINGS)
+        assert ended(supervisor, execution, 600) == "FAILED"
+        chain = supervisor.chain(execution)
+        assert len(chain) == 2, chain
+        failed = supervisor.describe(chain[-1])
+        assert failed["error"] == "JobFailed"
+        said = f"1 of {config.node_count} nodes InService and healthy after {polls * 720} s"
+        assert said in failed["cause"], failed["cause"]
+        assert subjects(cloud) == ["started", "waits for nodes", "failed"], subjects(cloud)
+        waiting = cloud.notifications[1]["Message"]
+        assert f"1 of {config.node_count} nodes InService and healthy after " in waiting
+        assert f"{MAX_NODE_WAITS} polls" in waiting and "fails after 24 hours" in waiting
+        assert said in cloud.notifications[2]["Message"]
+        handed = json.loads(supervisor.describe(chain[0])["output"])
+        assert handed["Why"] in waiting
+        # The successor carried the time waited: it failed after the rest of it, not 24 h more.
+        successor = json.loads(supervisor.describe(chain[1])["input"])
+        assert successor["NodeWaited"] == MAX_NODE_WAITS * SETTINGS["PollSeconds"]
+        assert not cloud.commands, "no command may be sent without a full set"
+
+
+@pytest.mark.slow
+def test_more_healthy_nodes_than_the_job_needs_run_it_on_node_count_of_them(
+    tmp_path: Path, default: Synth
+) -> None:
+    """Three InService, healthy nodes in a cluster of two (a group scaled out by hand, a
+    replacement launched before the old node left): the job runs on the first two the group
+    read, the same two for the same answers, and finishes. Before, FullSet asked for exactly
+    node_count and the job waited for ever."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes + 1) as (cloud, agents, supervisor):
+        execution = supervisor.start("more-nodes", **SETTINGS)
+        commands = agents.wait_launched(nodes, 300)
+        agents.finish()
+        assert ended(supervisor, execution, 300) == "SUCCEEDED", supervisor.trace(execution)
+        (training,) = [cloud.commands[c] for c in commands]
+        chosen = [i.instance_id for i in cloud.running()[:nodes]]
+        assert list(training.invocations) == chosen
+        hosts = training.parameters["Hosts"][0].split(",")
+        assert hosts == [i.address for i in cloud.running()[:nodes]]
+        assert subjects(cloud) == ["started", "finished"], subjects(cloud)
