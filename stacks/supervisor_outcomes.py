@@ -16,6 +16,10 @@ from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.supervisor_tasks import StatesBase, choice, fail, pass_state, succeed, time_parts, wait
 
+#: StopTraining commands read at once: each lists up to 50 instance IDs (about 2 KB), so a page
+#: stays far below a task's 256 KiB result; a stop of 1,024 nodes sends 21 of them.
+STOP_PAGE = 25
+
 
 def _command_ids() -> str:
     """The IDs of the attempt's commands, as a string for a message."""
@@ -138,21 +142,42 @@ class OutcomeStates(StatesBase):
             result_path="$.StopFilters",
         )
 
-    @cached_property
-    def list_stop_commands(self) -> sfn.TaskStateBase:
-        """$.Stop.Commands: the StopTraining commands sent since the nodes were ready."""
+    def _stop_commands(self, construct_id: str, *, next_token: bool) -> sfn.TaskStateBase:
+        """$.Stop: a page of the StopTraining commands sent since the nodes were ready
+        (Commands) and the token of the next page (Next: [token], or [] on the last)."""
+        parameters: dict[str, object] = {
+            "Filters": sfn.JsonPath.list_at("$.StopFilters.Filters"),
+            "MaxResults": STOP_PAGE,
+        }
+        if next_token:
+            parameters["NextToken"] = sfn.JsonPath.string_at("$.Stop.Next[0]")
         return self.t.sdk(
-            "ListStopCommands",
+            construct_id,
             "ssm",
             "listCommands",
-            {"Filters": sfn.JsonPath.list_at("$.StopFilters.Filters")},
+            parameters,
             ["*"],
             iam_action="ssm:ListCommands",
-            result_selector={"Commands": sfn.JsonPath.list_at("$.Commands")},
+            result_selector={
+                "Commands": sfn.JsonPath.list_at("$.Commands"),
+                # An indefinite path: [] on the last page, [token] before it.
+                "Next": sfn.JsonPath.list_at("$..NextToken"),
+            },
             result_path="$.Stop",
         )
 
+    @cached_property
+    def list_stop_commands(self) -> sfn.TaskStateBase:
+        return self._stop_commands("ListStopCommands", next_token=False)
+
+    @cached_property
+    def list_more_stop_commands(self) -> sfn.TaskStateBase:
+        return self._stop_commands("ListMoreStopCommands", next_token=True)
+
     any_stop_command = choice("AnyStopCommand")
+    more_stop_commands = choice("MoreStopCommands")
+    #: No StopTraining command for this job: a failed attempt retries, a finished one finishes.
+    not_stopped = choice("NotStopped")
 
     @cached_property
     def stop_command_jobs(self) -> sfn.Map:
@@ -177,7 +202,9 @@ class OutcomeStates(StatesBase):
         return stop_jobs
 
     stop_matched = pass_state(
-        "StopMatched", "$.Stop", {"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')"}
+        "StopMatched",
+        "$.Stop",
+        {"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')", "Next.$": "$.Stop.Next"},
     )
 
     was_stopped = choice("WasStopped")

@@ -21,11 +21,13 @@ around it is stacks/supervisor.py.
                     a bad or replaced node → RetryLeft
                     otherwise → RunTraining (RunTrainingBatches … RunTrainingVerdict)
                     → TrainingOutcome
-    TrainingOutcome a bad node → StopFilter → StopFilters → ListStopCommands → AnyStopCommand
-                    a leg end → CountLeg → DescribeLeg → NotifyLeg → HandOver
-                    otherwise → NotifyFinish → JobFinished (succeeds)
-    AnyStopCommand  some → StopCommandJobs → StopMatched → WasStopped; none → RetryLeft
-    WasStopped      this job's → NotifyStopped → JobStopped (fails); otherwise → RetryLeft
+    TrainingOutcome a leg end (and no bad node) → CountLeg → DescribeLeg → NotifyLeg → HandOver
+                    otherwise (a bad node, or every node done) → StopFilter → StopFilters
+                    → ListStopCommands → AnyStopCommand
+    AnyStopCommand  some → StopCommandJobs → StopMatched → WasStopped; none → MoreStopCommands
+    WasStopped      this job's → NotifyStopped → JobStopped (fails); otherwise → MoreStopCommands
+    MoreStopCommands another page → ListMoreStopCommands → AnyStopCommand; none → NotStopped
+    NotStopped      a bad node → RetryLeft; otherwise → NotifyFinish → JobFinished (succeeds)
     RetryLeft       none left → DescribeFailure → NotifyFailure → JobFailed (fails)
                     otherwise → CountRetry → DescribeRetry → NotifyRetry → WaitBeforeRetry
                     → HandOver
@@ -57,7 +59,7 @@ def definition(s: SupervisorStates, *, node_count: int, wait_seconds: int) -> sf
     # and of the joins within them, fixes the order of the states in the definition string,
     # though not what they do; it is kept as deployed (tests/test_stacks_snapshots.py):
     # ReadGroup is joined from KeepWaiting before the job's start, HandOver from a leg end
-    # before a retry, RetryLeft from WasStopped before AnyStopCommand.
+    # before a retry, RetryLeft from NotStopped, after the stop check.
     wait_for_nodes(s, node_count=node_count, wait_seconds=wait_seconds)
     first = start_the_job(s)
     run_an_attempt(s)
@@ -140,12 +142,13 @@ def run_an_attempt(s: SupervisorStates) -> None:
     s.notify_mixed_fleet.next(s.nodes_differ)
 
     s.run_training.end.next(s.training_outcome)
+    # Every node done is a finish only if no StopTraining for the job came meanwhile: the
+    # trainers save and exit 0 on a stop (cluster.py stop), so a stop can look like a finish.
     s.training_outcome.when(
         sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.stop_filter
     ).when(sfn.Condition.boolean_equals("$.Verdict.Leg", True), s.count_leg).otherwise(
-        s.notify_finish
+        s.stop_filter
     )
-    s.notify_finish.next(s.job_finished)
 
 
 def after_a_leg_end(s: SupervisorStates) -> None:
@@ -155,20 +158,30 @@ def after_a_leg_end(s: SupervisorStates) -> None:
 
 
 def after_a_failure(s: SupervisorStates) -> None:
-    """A failed training attempt: was it `cluster.py stop` (a StopTraining command for this job
-    since the nodes were ready)? Then the job ends, not retried. Otherwise, and after a failed
-    preflight, a retry with resume while MaxRetries allows, then the job fails."""
+    """A failed or finished training attempt: was it `cluster.py stop` (a StopTraining command
+    for this job since the nodes were ready, on any page of ListCommands)? Then the job ends
+    stopped, not retried and not finished. Otherwise a finished attempt finishes the job; a
+    failed one, and a failed preflight, retries with resume while MaxRetries allows, then the
+    job fails."""
     s.stop_filter.next(s.stop_filters).next(s.list_stop_commands).next(s.any_stop_command)
     s.stop_command_jobs.next(s.stop_matched).next(s.was_stopped)
     s.was_stopped.when(
         sfn.Condition.boolean_equals("$.Stop.Stopped", True), s.notify_stopped
-    ).otherwise(s.retry_left)
+    ).otherwise(s.more_stop_commands)
     s.notify_stopped.next(s.job_stopped)
     # A filter that matches nothing reads as [] in Step Functions; StopCommandJobs is asked
     # only when there is a StopTraining command at all.
     s.any_stop_command.when(
         sfn.Condition.is_present("$.Stop.Commands[0]"), s.stop_command_jobs
-    ).otherwise(s.retry_left)
+    ).otherwise(s.more_stop_commands)
+    s.more_stop_commands.when(
+        sfn.Condition.is_present("$.Stop.Next[0]"), s.list_more_stop_commands
+    ).otherwise(s.not_stopped)
+    s.list_more_stop_commands.next(s.any_stop_command)
+    s.not_stopped.when(sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.retry_left).otherwise(
+        s.notify_finish
+    )
+    s.notify_finish.next(s.job_finished)
 
     s.retry_left.when(
         sfn.Condition.number_greater_than_equals_json_path(

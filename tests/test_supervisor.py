@@ -305,7 +305,9 @@ def test_a_failure_outranks_a_leg_end_and_a_mixed_fleet_outranks_both(default: S
     assert [(c["Variable"], c["Next"]) for c in outcome["Choices"]] == [
         ("$.Verdict.Bad", "StopFilter"), ("$.Verdict.Leg", "CountLeg"),
     ]  # fmt: skip
-    assert outcome["Default"] == "NotifyFinish"
+    # Every node done: a finish, unless a StopTraining for the job came (the stop check).
+    assert outcome["Default"] == "StopFilter"
+    assert found["NotStopped"]["Default"] == "NotifyFinish"
     passed = found["PreflightPassed"]
     assert passed["Choices"][0] == {
         "Variable": "$.Verdict.Roll", "BooleanEquals": True, "Next": "NotifyMixedFleet",

@@ -162,3 +162,58 @@ def test_more_healthy_nodes_than_the_job_needs_run_it_on_node_count_of_them(
         hosts = training.parameters["Hosts"][0].split(",")
         assert hosts == [i.address for i in cloud.running()[:nodes]]
         assert subjects(cloud) == ["started", "finished"], subjects(cloud)
+
+
+# ------------------------------------------------------------------------------ a stop
+
+
+def send_stops(cloud: LocalCloud, job_ids: list[str]) -> None:
+    """StopTraining for each of `job_ids` in turn, on every node (as `cluster.py stop` sends it,
+    scripts/cluster_lib/node_operations.py), through the stand-in's SSM."""
+    ssm = cloud.session().client("ssm")
+    nodes = [i.instance_id for i in cloud.running()]
+    for job_id in job_ids:
+        ssm.send_command(
+            DocumentName=f"{cloud.cluster_name}-StopTraining",
+            InstanceIds=nodes,
+            Parameters={"JobId": [job_id]},
+            Comment=f"{job_id} stop",
+        )
+
+
+@pytest.mark.slow
+def test_a_stop_that_reaches_the_nodes_while_the_supervisor_runs_is_reported_as_a_stop(
+    tmp_path: Path, default: Synth
+) -> None:
+    """StopTraining reaches the nodes while the job's execution still runs (`cluster.py stop`
+    missed it: a successor that an execution started just as it was stopped). The trainers
+    save and exit 0 (workload/stop.py), so every invocation ends Success; the supervisor finds
+    the job's StopTraining command (ListCommands, sent since the nodes were ready) and ends
+    the job stopped, not finished. Before, the job was announced finished."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        execution = supervisor.start("stopped", **SETTINGS)
+        agents.wait_launched(nodes, 300)
+        send_stops(cloud, ["stopped"])
+        agents.finish()
+        assert ended(supervisor, execution, 300) == "FAILED", supervisor.trace(execution)
+        assert supervisor.describe(supervisor.chain(execution)[-1])["error"] == "JobStopped"
+        assert subjects(cloud) == ["started", "stopped"], subjects(cloud)
+
+
+@pytest.mark.slow
+def test_the_stop_check_reads_every_page_of_stop_commands(tmp_path: Path, default: Synth) -> None:
+    """The job's StopTraining command, then 55 for other jobs (an operator clearing old jobs'
+    processes): ListCommands lists newest first, 50 a page at most (SSM API reference,
+    ListCommands MaxResults), so the job's own is on a later page. A node then fails; the
+    supervisor reads every page and finds the stop: the job ends stopped. Before, it read one
+    page and took the stopped job for a failed one."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        execution = supervisor.start("paged", MaxRetries=0, **SETTINGS)
+        agents.wait_launched(nodes, 300)
+        send_stops(cloud, ["paged"] + [f"old-{n}" for n in range(55)])
+        agents.fail(cloud.running()[0])
+        assert ended(supervisor, execution, 300) == "FAILED", supervisor.trace(execution)
+        assert supervisor.describe(supervisor.chain(execution)[-1])["error"] == "JobStopped"
+        assert subjects(cloud) == ["started", "stopped"], subjects(cloud)
