@@ -48,8 +48,10 @@ REPLACE_NODE_STATUS = 3
 ROLL_FLEET_STATUS = 4
 #: launch.sh exits with this status when it ended a leg at its time limit (contract C4).
 LEG_TIME_LIMIT_STATUS = 75
-#: Command statuses after which nothing more happens (SSM API reference, Command.Status).
-COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "DeliveryTimedOut")
+#: Command statuses after which nothing more happens: botocore's ssm CommandStatus enum (Pending,
+#: InProgress, Success, Cancelled, Failed, TimedOut, Cancelling) less the three that go on.
+#: "Delivery Timed Out" is a StatusDetails text, never a Status.
+COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut")
 #: What the classification of an invocation says about its node ($.Outcome.Causes): States.Format
 #: templates of the instance ID and (CAUSE_FAILED) the exit status or (CAUSE_ENDED) the
 #: invocation's StatusDetails, once `document` is filled in.

@@ -25,10 +25,11 @@ import pytest
 
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
+from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
 from stacks.supervisor_limits import MAX_NODE_WAITS
 from tests.cdk_support import Synth
-from tests.test_supervisor import Supervisor, default
+from tests.test_supervisor import Supervisor, default, placeholder_refs, states
 
 __all__ = ["default"]  # the default cluster's synth, a fixture of test_supervisor
 
@@ -217,3 +218,43 @@ def test_the_stop_check_reads_every_page_of_stop_commands(tmp_path: Path, defaul
         assert ended(supervisor, execution, 300) == "FAILED", supervisor.trace(execution)
         assert supervisor.describe(supervisor.chain(execution)[-1])["error"] == "JobStopped"
         assert subjects(cloud) == ["started", "stopped"], subjects(cloud)
+
+
+# ------------------------------------------------------------ statuses against the model
+
+
+def _status_rules(rule: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(variable, value) of every StringEquals in a Choice rule, nested ones included."""
+    if "StringEquals" in rule:
+        yield rule["Variable"], rule["StringEquals"]
+    for key in ("And", "Or"):
+        for inner in rule.get(key, []):
+            yield from _status_rules(inner)
+    if "Not" in rule:
+        yield from _status_rules(rule["Not"])
+
+
+def test_every_status_the_supervisor_compares_is_one_ssm_gives(default: Synth) -> None:
+    """Each Choice that compares a command's or an invocation's Status compares it with a value
+    of the enum botocore's SSM model gives that field (Command.Status: CommandStatus,
+    CommandInvocation.Status: CommandInvocationStatus); a value outside it can never match.
+    "DeliveryTimedOut" was one: a StatusDetails text, not a Status."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("ssm")
+    enums = {
+        "$.Poll.Command.Status": set(model.shape_for("CommandStatus").enum),
+        "$.Invocation.Status": set(model.shape_for("CommandInvocationStatus").enum),
+    }
+    template = default.templates["operations"]
+    compared = [
+        (variable, value)
+        for _, state in states(machine_definition(template, placeholder_refs(template)))
+        if state["Type"] == "Choice"
+        for rule in state["Choices"]
+        for variable, value in _status_rules(rule)
+        if variable.endswith(".Status")
+    ]
+    assert {variable for variable, _ in compared} == set(enums), compared
+    wrong = [(v, value) for v, value in compared if value not in enums[v]]
+    assert not wrong, wrong
