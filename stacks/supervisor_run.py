@@ -30,6 +30,7 @@ once at least as many invocations have ended as nodes still run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.config import CLUSTER_TAG_KEY
-from stacks.supervisor_limits import SEND_BATCH
+from stacks.supervisor_limits import POLL_LIMIT_MARGIN, SEND_BATCH
 from stacks.supervisor_tasks import SupervisorTasks
 
 #: preflight.sh exits with this status on a fault no retry on the node fixes (a Neuron hardware
@@ -126,6 +127,8 @@ def run_on_every_node(
             "Hosts": sfn.JsonPath.string_at("$.Nodes.Hosts"),
             "Job": sfn.JsonPath.object_at("$.Job"),
             "Attempt": sfn.JsonPath.number_at("$.Counters.Attempts"),
+            # The seconds the batch's command has been polled, counted in polls (_follow).
+            "Alive": {"Waited": 0},
         },
         result_selector={
             "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
@@ -238,14 +241,24 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         },
         result_path="$.Poll",
     )
-    nodes = t.in_service(f"{p}Nodes", "Ids", ".InstanceId", "$.Alive")
-    ids = sfn.JsonPath.list_at("$.Alive.Ids")
+    nodes = t.in_service(f"{p}Nodes", "Ids", ".InstanceId", "$.Seen")
+    ids = sfn.JsonPath.list_at("$.Seen.Ids")
     alive = sfn.Pass(
         t.scope,
         f"{p}NodesAlive",
-        parameters={"Ids": ids, "Count": sfn.JsonPath.array_length(ids)},
+        parameters={
+            "Ids": ids,
+            "Count": sfn.JsonPath.array_length(ids),
+            "Waited.$": "States.MathAdd($.Alive.Waited, $.Job.PollSeconds)",
+        },
         result_path="$.Alive",
     )
+    # The poll's own limit: an agent cut off from SSM never reports, and a cancel never reaches
+    # it (the command stays Cancelling), so after the document's timeout and a margin the
+    # command counts as ended and its invocations are read as they stand.
+    limit = execution_timeout(t.documents[document].content) + POLL_LIMIT_MARGIN
+    too_long = t.sdk(f"{p}PollLimit", "ssm", "cancelCommand", command_id, ["*"],
+                     iam_action="ssm:CancelCommand")  # fmt: skip
     gone = sfn.Pass(t.scope, f"{p}NodeGone", result=sfn.Result.from_boolean(True),
                     result_path="$.Gone")  # fmt: skip
     grace = sfn.Pass(t.scope, f"{p}GraceStarts", result=sfn.Result.from_boolean(True),
@@ -279,7 +292,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
             *(sfn.Condition.string_equals("$.Poll.Command.Status", s) for s in COMMAND_ENDED)
         ),
         results,
-    ).when(
+    ).when(sfn.Condition.number_greater_than_equals("$.Alive.Waited", limit), too_long).when(
         # The invocations on nodes that are gone never end: the rest has once as many
         # invocations ended as nodes still run.
         sfn.Condition.and_(
@@ -307,8 +320,20 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
     gone.next(grace)
     grace.next(wait_grace).next(poll)
     cancel.next(others)
+    too_long.add_catch(results, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+    too_long.next(results)
     others_end.next(cancelled).next(wait)
     return results
+
+
+def execution_timeout(content: dict[str, Any]) -> int:
+    """The seconds the SSM agent lets a document's step run: its timeoutSeconds, or the default
+    of the parameter it names ("{{ ExecutionTimeout }}": the supervisor passes none)."""
+    timeout = str(content["mainSteps"][0]["inputs"]["timeoutSeconds"])
+    named = re.fullmatch(r"\{\{ *(\w+) *\}\}", timeout)
+    if named:
+        timeout = str(content["parameters"][named[1]]["default"])
+    return int(timeout)
 
 
 def _cancel_other_batches(t: SupervisorTasks, document: str) -> tuple[sfn.State, sfn.Map]:

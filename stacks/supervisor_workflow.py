@@ -4,7 +4,7 @@ stacks/supervisor_outcomes.py (one property per state, named after it); the stat
 around it is stacks/supervisor.py.
 
     Defaults → ReadJob → ReadCounters → ListRunningJobs → OneJobAtATime
-    OneJobAtATime   another job runs → DescribeRefusal → JobRefused (fails)
+    OneJobAtATime   a new job while another runs → DescribeRefusal → JobRefused (fails)
                     a new job → NotifyStart → ReadGroup; a continued job → ReadGroup
     ReadGroup → MoreOfGroup
     MoreOfGroup     another page of IDs → ReadGroupPage → AddGroupPage → JoinGroupPage
@@ -72,7 +72,11 @@ def definition(s: SupervisorStates, *, node_count: int, wait_seconds: int) -> sf
 def start_the_job(s: SupervisorStates) -> sfn.IChainable:
     """The job's settings over the defaults, its counters, and one job at a time per cluster:
     a second job is refused rather than queued (a queued job would hold an execution, and its
-    history, for as long as the running one trains)."""
+    history, for as long as the running one trains). Only a new job is ever refused: an
+    execution that continues a job carries one that was admitted, and ListExecutions is
+    eventually consistent (Step Functions API reference), so a new job can start unseen while
+    the running one hands over; refusing the successor then (it sees its predecessor, itself
+    and the new one) would end the running job, where the new one refuses itself."""
     first = (
         s.defaults.next(s.read_job)
         .next(s.read_counters)
@@ -81,11 +85,7 @@ def start_the_job(s: SupervisorStates) -> sfn.IChainable:
     )
     fresh = sfn.Condition.string_equals("$.ContinuedFrom", "")
     s.one_job_at_a_time.when(
-        # The execution that handed a job over may still be running for a moment.
-        sfn.Condition.or_(
-            sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
-            sfn.Condition.number_greater_than("$.Running.Count", 2),
-        ),
+        sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
         s.describe_refusal,
     ).when(fresh, s.notify_start).otherwise(s.read_group)
     s.describe_refusal.next(s.job_refused)

@@ -258,3 +258,134 @@ def test_every_status_the_supervisor_compares_is_one_ssm_gives(default: Synth) -
     assert {variable for variable, _ in compared} == set(enums), compared
     wrong = [(v, value) for v, value in compared if value not in enums[v]]
     assert not wrong, wrong
+
+
+# ------------------------------------------------------------ an agent cut off from SSM
+
+
+def test_the_poll_limit_of_each_document_is_its_timeout_and_a_margin(default: Synth) -> None:
+    """A batch's poll loop counts the command's waits (PollSeconds each) and ends at the
+    document's own timeout (the agent's executionTimeout: Preflight's timeoutSeconds,
+    RunTraining's ExecutionTimeout default, which the supervisor does not override) plus
+    POLL_LIMIT_MARGIN: the limit the agent enforces, and no longer."""
+    from scripts.cluster_lib.documents import load
+    from stacks.supervisor_limits import POLL_LIMIT_MARGIN
+    from stacks.supervisor_run import execution_timeout
+
+    template = default.templates["operations"]
+    found = dict(states(machine_definition(template, placeholder_refs(template))))
+    timeouts = {"Preflight": 1800, "RunTraining": 172_800}
+    for document, timeout in timeouts.items():
+        assert execution_timeout(load(document).content) == timeout
+        limit = [c for c in found[f"{document}Ended"]["Choices"]
+                 if c.get("Variable") == "$.Alive.Waited"]  # fmt: skip
+        assert limit == [{"Variable": "$.Alive.Waited", "NumericGreaterThanEquals":
+                          timeout + POLL_LIMIT_MARGIN, "Next": f"{document}PollLimit"}]  # fmt: skip
+        assert found[f"{document}PollLimit"]["Next"] == f"{document}Results"
+
+
+@pytest.mark.slow
+def test_an_agent_cut_off_from_ssm_does_not_hold_the_job(tmp_path: Path, default: Synth) -> None:
+    """One node's agent takes Preflight and is then cut off from SSM: its invocation stays
+    InProgress, and the cancel never reaches it (Cancelling, for ever: SSM hears from the agent
+    only). Its node still runs, so the poll's check of the nodes in service cannot see it.
+    The batch's child stops polling once it has waited Preflight's timeout and the margin,
+    reads the invocations as they stand and classifies the cut-off node's as bad; the job
+    (no retries left) fails naming it. Before, the child polled until its history ran out
+    (about 49 hours for RunTraining)."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        cut_off = cloud.running()[-1]
+        start = agents._start
+
+        def deliver(command_id: str, document: str, invocation: Any) -> None:
+            if invocation.instance is not cut_off:
+                start(command_id, document, invocation)
+                return
+            # Delivered, then nothing more: the agent's last word was InProgress.
+            invocation.folder.mkdir(parents=True, exist_ok=True)
+            status = {"status": "InProgress", "started": time.time()}
+            (invocation.folder / "status.json").write_text(json.dumps(status))
+
+        agents._start = deliver  # type: ignore[method-assign]
+        execution = supervisor.start("cut-off", MaxRetries=0, **SETTINGS)
+        assert ended(supervisor, execution, 300) == "FAILED", supervisor.trace(execution)
+        failed = supervisor.describe(supervisor.chain(execution)[-1])
+        assert failed["error"] == "JobFailed"
+        assert f"{cut_off.instance_id}: Preflight ended Cancelling" in failed["cause"], failed
+        assert "PreflightPollLimit" in supervisor.entered(execution)
+        (preflight,) = cloud.commands.values()
+        assert preflight.invocations[cut_off.instance_id].status()["status"] == "Cancelling"
+        assert subjects(cloud) == ["started", "failed"], subjects(cloud)
+
+
+# ------------------------------------------------------------ a new job racing a hand-over
+
+
+def test_a_new_job_racing_a_hand_over_refuses_itself_and_never_ends_the_running_job(
+    default: Synth,
+) -> None:
+    """The definition's own start (Defaults to OneJobAtATime, ListExecutions answered by moto)
+    with two executions running: the one handing a job over (A) and a new job started meanwhile
+    (N: ListExecutions is eventually consistent, Step Functions API reference, so `train`'s
+    check can miss the successor). A's successor, which continues the running job, goes on;
+    a new job is refused. Before, the successor saw three executions and was refused: the new
+    job ended the running one."""
+    import boto3
+    from moto import mock_aws
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk as aws_sdk,
+    )
+
+    from scripts.rehearsal.supervisor import SfnAsSdkIntegration, jayway_json_paths
+
+    template = default.templates["operations"]
+    found = machine_definition(template, placeholder_refs(template))["States"]
+    names = ["Defaults", "ReadJob", "ReadCounters", "ListRunningJobs", "OneJobAtATime",
+             "DescribeRefusal", "JobRefused"]  # fmt: skip
+    chosen = {name: found[name] for name in names}
+    # Where the job would go on: admitted, fresh (NotifyStart) or continued (ReadGroup).
+    chosen["NotifyStart"] = chosen["ReadGroup"] = {"Type": "Succeed"}
+    # An execution that only runs (stands for A, and for N) until the test ends.
+    chosen["Route"] = {"Type": "Choice", "Default": "Defaults", "Choices": [
+        {"Variable": "$.Hold", "IsPresent": True, "Next": "Hold"}]}  # fmt: skip
+    chosen["Hold"] = {"Type": "Wait", "Seconds": 600, "End": True}
+    machine = {"StartAt": "Route", "States": chosen}
+    original = aws_sdk.boto_client_for
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), jayway_json_paths():
+        client = boto3.client("stepfunctions", region_name="us-east-1")
+        aws_sdk.boto_client_for = lambda region, service, *_, **__: SfnAsSdkIntegration(
+            boto3.client("stepfunctions", region_name=region)
+        )
+        try:
+            arn = client.create_state_machine(
+                name="race", definition=json.dumps(machine),
+                roleArn="arn:aws:iam::123456789012:role/race",
+            )["stateMachineArn"]  # fmt: skip
+
+            def run(name: str, given: dict[str, Any]) -> str:
+                return str(client.start_execution(
+                    stateMachineArn=arn, name=name, input=json.dumps(given)
+                )["executionArn"])  # fmt: skip
+
+            def status(execution: str) -> str:
+                return str(client.describe_execution(executionArn=execution)["status"])
+
+            handing_over = run("job-20261125-100000", {"Hold": True})
+            racing = run("other-20261125-100001", {"Hold": True})
+            running = client.list_executions(stateMachineArn=arn, statusFilter="RUNNING")
+            assert len(running["executions"]) == 2
+            counters = {"Retries": 0, "Legs": 1, "Attempts": 1}
+            successor = run("job-20261125-100002", {
+                "JobId": "job", "ContinuedFrom": handing_over, "Counters": counters})  # fmt: skip
+            fresh = run("third-20261125-100003", {"JobId": "third"})
+            for execution in (successor, fresh):
+                wait_for(lambda e=execution: status(e) != "RUNNING", 60, execution)
+            history = client.get_execution_history(executionArn=successor)["events"]
+            assert status(successor) == "SUCCEEDED", str(history[-3:])
+            refused = client.describe_execution(executionArn=fresh)
+            assert (refused["status"], refused["error"]) == ("FAILED", "JobAlreadyRunning")
+            for execution in (handing_over, racing):
+                client.stop_execution(executionArn=execution)
+        finally:
+            aws_sdk.boto_client_for = original
