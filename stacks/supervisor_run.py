@@ -59,6 +59,9 @@ COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut")
 CAUSE_FAILED = "{{}}: {document} failed with status {{}}"
 CAUSE_GONE = "{{}}: node gone (its instance no longer runs); {document} never ended"
 CAUSE_ENDED = "{{}}: {document} ended {{}}"
+#: The error Step Functions names a throttled SSM call with (an AWS SDK integration's error is
+#: the service name and the error code with "Exception": Step Functions developer guide).
+THROTTLED = "Ssm.ThrottlingException"
 #: The causes a batch reports in words; the rest it counts ("and N more nodes of this batch").
 MAX_CAUSES = 5
 #: The attempt's commands read at once when a batch cancels the others (each about 18 KB at
@@ -129,6 +132,8 @@ def run_on_every_node(
             "Attempt": sfn.JsonPath.number_at("$.Counters.Attempts"),
             # The seconds the batch's command has been polled, counted in polls (_follow).
             "Alive": {"Waited": 0},
+            # When the nodes were ready: a command sent since then is this attempt's (_send).
+            "Since": sfn.JsonPath.string_at("$.Nodes.Since"),
         },
         result_selector={
             "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
@@ -204,6 +209,10 @@ def _send(
         iam_action="ssm:SendCommand",
         result_selector={"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")},
         result_path="$.Command",
+        # Only a throttled send is sent again: SSM refused it before doing anything. Any other
+        # error may have come after SSM accepted the command (a 5xx, a timeout), and a second
+        # send would start a second command that no one follows (_find_sent looks first).
+        retry_on=(THROTTLED,),
     )
     # The instances a command may go to: this cluster's nodes only, by their tag.
     t.role.add_to_principal_policy(
@@ -216,6 +225,45 @@ def _send(
         )
     )
     return send
+
+
+def _find_sent(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.Pass:
+    """After a failed SendCommand, whether SSM accepted it anyway: this document's commands to
+    the batch's first node since the nodes were ready (ListCommands: InstanceId, DocumentName,
+    InvokedAfter; one job at a time, and each attempt sends each document once per batch, so
+    any is this batch's). Found: $.Command names it and the poll loop follows it (the Pass
+    returned). None: the send failed, and so does the batch (<Document>NotSent)."""
+    p = document
+    find = t.sdk(
+        f"{p}FindSent",
+        "ssm",
+        "listCommands",
+        {
+            "InstanceId": sfn.JsonPath.string_at("$.InstanceIds[0]"),
+            "Filters": [
+                {"key": "DocumentName", "value": t.document_name(document)},
+                {"key": "InvokedAfter", "value": sfn.JsonPath.string_at("$.Since")},
+            ],
+        },
+        ["*"],
+        iam_action="ssm:ListCommands",
+        result_selector={"Ids": sfn.JsonPath.list_at("$.Commands[*].CommandId")},
+        result_path="$.Sent",
+    )
+    send.add_catch(find, errors=["States.ALL"], result_path="$.SendError")
+    was_sent = sfn.Choice(t.scope, f"{p}WasSent")
+    found = sfn.Pass(
+        t.scope,
+        f"{p}SentAnyway",
+        parameters={"CommandId": sfn.JsonPath.string_at("$.Sent.Ids[0]")},
+        result_path="$.Command",
+    )
+    not_sent = sfn.Fail(
+        t.scope, f"{p}NotSent", error="SendCommandFailed", cause_path="$.SendError.Cause"
+    )
+    find.next(was_sent)
+    was_sent.when(sfn.Condition.is_present("$.Sent.Ids[0]"), found).otherwise(not_sent)
+    return found
 
 
 def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.TaskStateBase:
@@ -317,6 +365,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         cancel,
     ).when(node_gone, gone).when(node_ended, grace).otherwise(wait)
     send.next(wait).next(poll).next(nodes).next(alive).next(ended)
+    _find_sent(t, document, send).next(wait)
     gone.next(grace)
     grace.next(wait_grace).next(poll)
     cancel.next(others)

@@ -85,8 +85,10 @@ class SupervisorTasks:
         iam_action: str | None = None,
         result_selector: dict[str, Any] | None = None,
         result_path: str | None = None,
+        retry_on: tuple[str, ...] = ("States.TaskFailed", "States.Timeout"),
     ) -> tasks.CallAwsService:
-        """An AWS SDK call; its result is discarded unless `result_path` says where it goes."""
+        """An AWS SDK call; its result is discarded unless `result_path` says where it goes. It
+        is retried on the errors `retry_on` names (any failure, by default)."""
         task = tasks.CallAwsService(
             self.scope,
             construct_id,
@@ -101,7 +103,7 @@ class SupervisorTasks:
         )
         # Throttling and brief outages must not end a job that runs for days.
         task.add_retry(
-            errors=["States.TaskFailed", "States.Timeout"],
+            errors=list(retry_on),
             interval=cdk.Duration.seconds(5),
             max_attempts=6,
             backoff_rate=2,

@@ -389,3 +389,41 @@ def test_a_new_job_racing_a_hand_over_refuses_itself_and_never_ends_the_running_
                 client.stop_execution(executionArn=execution)
         finally:
             aws_sdk.boto_client_for = original
+
+
+# ------------------------------------------------------ a send that fails after acceptance
+
+
+@pytest.mark.slow
+def test_a_send_that_fails_after_ssm_accepted_it_is_followed_not_sent_again(
+    tmp_path: Path, default: Synth
+) -> None:
+    """SSM accepts the first RunTraining SendCommand (its nodes start it), then the call fails
+    (InternalServerError, one of SendCommand's errors in botocore's SSM model). The supervisor
+    does not send it again: it finds the command (ListCommands for the batch's first node since
+    the nodes were ready), follows it, and the job finishes with one RunTraining command.
+    Before, the task's Retry sent a second command, and the first ran on unfollowed."""
+    from scripts.rehearsal.ssm_stand_in import LocalError
+
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        send = cloud.ssm._ssm_SendCommand
+        failed: list[str] = []
+
+        def accepted_then_failed(params: dict[str, Any]) -> dict[str, Any]:
+            answer: dict[str, Any] = send(params)
+            if params["DocumentName"].endswith("RunTraining") and not failed:
+                failed.append(answer["Command"]["CommandId"])
+                raise LocalError("InternalServerError", "the request failed after acceptance")
+            return answer
+
+        cloud.ssm._ssm_SendCommand = accepted_then_failed  # type: ignore[method-assign]
+        execution = supervisor.start("sent-once", **SETTINGS)
+        commands = agents.wait_launched(nodes, 300)
+        assert set(commands) == set(failed)
+        agents.finish()
+        assert ended(supervisor, execution, 300) == "SUCCEEDED", supervisor.trace(execution)
+        training = [c for c in cloud.commands if cloud.commands[c].document.endswith("Training")]
+        assert training == failed, training
+        assert "RunTrainingSentAnyway" in supervisor.entered(execution)
+        assert subjects(cloud) == ["started", "finished"], subjects(cloud)
