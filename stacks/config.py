@@ -54,6 +54,9 @@ FSX_THROUGHPUTS = (125, 250, 500, 1000)  # PERSISTENT_2 tiers, MB/s per TiB of s
 ROOT_VOLUME_MIN_GIB = 100  # the Neuron DLAMI's root snapshot does not fit in less
 ROOT_VOLUME_MAX_GIB = 16384  # the largest gp3 volume
 INTERNET_EGRESS_CHOICES = ("nat", "endpoints")
+#: How long a job may wait for a full set of InService, healthy nodes (node_wait_hours): from
+#: an hour (a node replacement takes up to the 45-minute launch lifecycle timeout) to a week.
+NODE_WAIT_MAX_HOURS = 7 * 24
 #: EC2 starts terminating a Capacity Block's instances 30 minutes before the block ends, and the
 #: Auto Scaling guide says to scale the group to zero before that ("Use Capacity Blocks for
 #: machine learning workloads", Operational guidelines:
@@ -174,6 +177,11 @@ class ClusterConfig:
     alarm_email: str = _setting("", "one address such as ops@example.com, or empty for none")
     #: How long the training and VPC flow log groups keep events.
     log_retention_days: int = _setting(365, ", ".join(map(str, LOG_RETENTION_DAYS)))
+    #: How long one job waits, in all, for a full set of node_count InService, healthy nodes
+    #: before it fails (the job supervisor: no capacity, a Capacity Block scaled to 0).
+    node_wait_hours: int = _setting(
+        24, f"1 to {NODE_WAIT_MAX_HOURS} (hours a job waits for a full set of nodes)"
+    )
 
     #: The facts of instance_type, from stacks/instance_types.py.
     instance: InstanceTypeSpec = field(init=False, repr=False, compare=False)
@@ -259,6 +267,9 @@ class ClusterConfig:
             self.log_retention_days in LOG_RETENTION_DAYS,
             "log_retention_days",
             "not a retention CloudWatch Logs offers",
+        )
+        self._require(
+            1 <= self.node_wait_hours <= NODE_WAIT_MAX_HOURS, "node_wait_hours", "out of range"
         )
 
     def _check_capacity(self, az_id_given: bool) -> None:

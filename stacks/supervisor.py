@@ -137,7 +137,11 @@ class JobSupervisor(Construct):
             state_machine_name=self.state_machine_name,
             state_machine_type=sfn.StateMachineType.STANDARD,
             definition_body=sfn.DefinitionBody.from_chainable(
-                definition(states, node_count=config.node_count)
+                definition(
+                    states,
+                    node_count=config.node_count,
+                    wait_seconds=config.node_wait_hours * 3600,
+                )
             ),
             role=self.role,
             # Execution data (job ID, train arguments, command IDs) is what an operator reads.

@@ -66,6 +66,10 @@ MAX_NODE_WAITS = 100
 #: The longest a RunTraining command runs (its ExecutionTimeout: at most 172800 seconds, the
 #: aws:runShellScript limit).
 LEG_SECONDS = 172_800
+#: How long past its document's timeout a batch's child polls a command before it counts it as
+#: ended (an agent cut off from SSM never reports: stacks/supervisor_run.py): the polls count
+#: in the child's history like the command's own, so min_poll_seconds allows for them.
+POLL_LIMIT_MARGIN = 600
 #: The supervisor's poll of a running command when the execution input names none.
 DEFAULT_POLL_SECONDS = 300
 #: SendCommand takes at most 50 instance IDs (SSM API reference): one child execution each.
@@ -101,4 +105,5 @@ def min_poll_seconds(node_count: int, leg_seconds: int | None = None) -> int:
     """The shortest PollSeconds at which one attempt of `leg_seconds` (LEG_SECONDS) on
     `node_count` nodes stays within the history of each batch's child execution."""
     polls = poll_events(node_count) / EVENTS_PER_POLL
-    return math.ceil((LEG_SECONDS if leg_seconds is None else leg_seconds) / polls)
+    leg = LEG_SECONDS if leg_seconds is None else leg_seconds
+    return math.ceil((leg + POLL_LIMIT_MARGIN) / polls)

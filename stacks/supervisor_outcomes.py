@@ -25,6 +25,10 @@ from stacks.supervisor_tasks import (
     wait,
 )
 
+#: StopTraining commands read at once: each lists up to 50 instance IDs (about 2 KB), so a page
+#: stays far below a task's 256 KiB result; a stop of 1,024 nodes sends 21 of them.
+STOP_PAGE = 25
+
 
 def _command_ids() -> str:
     """The IDs of the attempt's commands, as a string for a message."""
@@ -74,6 +78,14 @@ def map_failed(
 
 class OutcomeStates(StatesBase):
     """The states after an attempt, each made once, when the workflow first names it."""
+
+    def _why_pass(self, construct_id: str, template: str, *values: str) -> sfn.Pass:
+        """As _why, for a text that needs the cluster's settings."""
+        return self._pass(
+            construct_id,
+            parameters={"Text": sfn.JsonPath.format(template, *values)},
+            result_path="$.Why",
+        )
 
     # The nodes run different software ------------------------------------------------------------
     @cached_property
@@ -167,21 +179,42 @@ class OutcomeStates(StatesBase):
             result_path="$.StopFilters",
         )
 
-    @cached_property
-    def list_stop_commands(self) -> sfn.TaskStateBase:
-        """$.Stop.Commands: the StopTraining commands sent since the nodes were ready."""
+    def _stop_commands(self, construct_id: str, *, next_token: bool) -> sfn.TaskStateBase:
+        """$.Stop: a page of the StopTraining commands sent since the nodes were ready
+        (Commands) and the token of the next page (Next: [token], or [] on the last)."""
+        parameters: dict[str, object] = {
+            "Filters": sfn.JsonPath.list_at("$.StopFilters.Filters"),
+            "MaxResults": STOP_PAGE,
+        }
+        if next_token:
+            parameters["NextToken"] = sfn.JsonPath.string_at("$.Stop.Next[0]")
         return self.t.sdk(
-            "ListStopCommands",
+            construct_id,
             "ssm",
             "listCommands",
-            {"Filters": sfn.JsonPath.list_at("$.StopFilters.Filters")},
+            parameters,
             ["*"],
             iam_action="ssm:ListCommands",
-            result_selector={"Commands": sfn.JsonPath.list_at("$.Commands")},
+            result_selector={
+                "Commands": sfn.JsonPath.list_at("$.Commands"),
+                # An indefinite path: [] on the last page, [token] before it.
+                "Next": sfn.JsonPath.list_at("$..NextToken"),
+            },
             result_path="$.Stop",
         )
 
+    @cached_property
+    def list_stop_commands(self) -> sfn.TaskStateBase:
+        return self._stop_commands("ListStopCommands", next_token=False)
+
+    @cached_property
+    def list_more_stop_commands(self) -> sfn.TaskStateBase:
+        return self._stop_commands("ListMoreStopCommands", next_token=True)
+
     any_stop_command = choice("AnyStopCommand")
+    more_stop_commands = choice("MoreStopCommands")
+    #: No StopTraining command for this job: a failed attempt retries, a finished one finishes.
+    not_stopped = choice("NotStopped")
 
     @cached_property
     def stop_command_jobs(self) -> sfn.Map:
@@ -206,7 +239,9 @@ class OutcomeStates(StatesBase):
         return stop_jobs
 
     stop_matched = pass_state(
-        "StopMatched", "$.Stop", {"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')"}
+        "StopMatched",
+        "$.Stop",
+        {"Stopped.$": "States.ArrayContains($.Stop.Matches, 'stop')", "Next.$": "$.Stop.Next"},
     )
 
     was_stopped = choice("WasStopped")
@@ -276,12 +311,57 @@ class OutcomeStates(StatesBase):
 
     wait_before_retry = wait("WaitBeforeRetry", "$.Job.RetryDelaySeconds")
 
+    # A long wait for nodes, and its limit (node_wait_hours) -------------------------------------
+    @cached_property
+    def describe_long_wait(self) -> sfn.Pass:
+        return self._why_pass(
+            "DescribeLongWait",
+            "{} of {} nodes InService and healthy after {} polls ({} s of waiting in all); the "
+            "wait goes on",
+            sfn.JsonPath.string_at("$.Group.Count"),
+            str(self.t.config.node_count),
+            sfn.JsonPath.string_at("$.NodeWaits.Count"),
+            sfn.JsonPath.string_at("$.NodeWaits.Seconds"),
+        )
+
+    @cached_property
+    def notify_long_wait(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyLongWait",
+            "waits for nodes",
+            "Job {} waits for nodes: {}. It fails after {} hours of waiting (node_wait_hours). "
+            "`cluster.py status` shows the nodes.",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Why.Text"),
+            str(self.t.config.node_wait_hours),
+        )
+
+    @cached_property
+    def describe_wait_limit(self) -> sfn.Pass:
+        return self._why_pass(
+            "DescribeWaitLimit",
+            "no full set of nodes: {} of {} nodes InService and healthy after {} s of waiting, "
+            "the limit of the job (node_wait_hours)",
+            sfn.JsonPath.string_at("$.Group.Count"),
+            str(self.t.config.node_count),
+            sfn.JsonPath.string_at("$.NodeWaits.Seconds"),
+        )
+
+    @cached_property
+    def notify_wait_limit(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyWaitLimit",
+            "failed",
+            "Job {} failed: {}. Train again with the same job ID to resume once the nodes are "
+            "there (`cluster.py status`).",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Why.Text"),
+        )
+
+    #: A failed job, as JobFailed (the CLI reads the error), ended by the wait for nodes.
+    nodes_not_ready = fail("NodesNotReady", error="JobFailed", cause_path="$.Why.Text")
+
     # Handing the job over to a new execution (the history budget) --------------------------------
-    describe_long_wait = _why(
-        "DescribeLongWait",
-        "no full set of InService, healthy nodes after {} polls; the wait goes on",
-        sfn.JsonPath.string_at("$.NodeWaits.Count"),
-    )
 
     @cached_property
     def hand_over(self) -> sfn.Pass:
@@ -293,6 +373,7 @@ class OutcomeStates(StatesBase):
                 "Carry": {
                     "Counters": sfn.JsonPath.object_at("$.Counters"),
                     "ContinuedFrom": sfn.JsonPath.string_at("$$.Execution.Id"),
+                    "NodeWaited": sfn.JsonPath.number_at("$.NodeWaits.Seconds"),
                 },
             },
             result_path="$.Handover",

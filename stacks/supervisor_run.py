@@ -34,6 +34,7 @@ the map's Catch cancels the attempt's commands and the workflow retries (Run.fai
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.config import CLUSTER_TAG_KEY
-from stacks.supervisor_limits import SEND_BATCH
+from stacks.supervisor_limits import POLL_LIMIT_MARGIN, SEND_BATCH
 from stacks.supervisor_outcomes import map_failed
 from stacks.supervisor_tasks import SupervisorTasks
 
@@ -53,14 +54,19 @@ REPLACE_NODE_STATUS = 3
 ROLL_FLEET_STATUS = 4
 #: launch.sh exits with this status when it ended a leg at its time limit (contract C4).
 LEG_TIME_LIMIT_STATUS = 75
-#: Command statuses after which nothing more happens (SSM API reference, Command.Status).
-COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "DeliveryTimedOut")
+#: Command statuses after which nothing more happens: botocore's ssm CommandStatus enum (Pending,
+#: InProgress, Success, Cancelled, Failed, TimedOut, Cancelling) less the three that go on.
+#: "Delivery Timed Out" is a StatusDetails text, never a Status.
+COMMAND_ENDED = ("Success", "Failed", "Cancelled", "TimedOut")
 #: What the classification of an invocation says about its node ($.Outcome.Causes): States.Format
 #: templates of the instance ID and (CAUSE_FAILED) the exit status or (CAUSE_ENDED) the
 #: invocation's StatusDetails, once `document` is filled in.
 CAUSE_FAILED = "{{}}: {document} failed with status {{}}"
 CAUSE_GONE = "{{}}: node gone (its instance no longer runs); {document} never ended"
 CAUSE_ENDED = "{{}}: {document} ended {{}}"
+#: The error Step Functions names a throttled SSM call with (an AWS SDK integration's error is
+#: the service name and the error code with "Exception": Step Functions developer guide).
+THROTTLED = "Ssm.ThrottlingException"
 #: The causes a batch reports in words; the rest it counts ("and N more nodes of this batch").
 MAX_CAUSES = 5
 #: The attempt's commands read at once when a batch cancels the others (each about 18 KB at
@@ -137,6 +143,10 @@ def run_on_every_node(
             "Hosts": sfn.JsonPath.string_at("$.Nodes.Hosts"),
             "Job": sfn.JsonPath.object_at("$.Job"),
             "Attempt": sfn.JsonPath.number_at("$.Counters.Attempts"),
+            # The seconds the batch's command has been polled, counted in polls (_follow).
+            "Alive": {"Waited": 0},
+            # When the nodes were ready: a command sent since then is this attempt's (_send).
+            "Since": sfn.JsonPath.string_at("$.Nodes.Since"),
         },
         result_selector={
             "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
@@ -221,6 +231,10 @@ def _send(
         # A node terminated since the group was read stays terminated: the child fails at
         # once, and with it the map run (map_failed).
         final_errors=[INVALID_INSTANCE],
+        # Only a throttled send is sent again: SSM refused it before doing anything. Any other
+        # error may have come after SSM accepted the command (a 5xx, a timeout), and a second
+        # send would start a second command that no one follows (_find_sent looks first).
+        retry_on=(THROTTLED,),
     )
     # The instances a command may go to: this cluster's nodes only, by their tag.
     t.role.add_to_principal_policy(
@@ -233,6 +247,50 @@ def _send(
         )
     )
     return send
+
+
+def _find_sent(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.Pass:
+    """After a failed SendCommand, whether SSM accepted it anyway: this document's commands to
+    the batch's first node since the nodes were ready (ListCommands: InstanceId, DocumentName,
+    InvokedAfter; one job at a time, and each attempt sends each document once per batch, so
+    any is this batch's). Found: $.Command names it and the poll loop follows it (the Pass
+    returned). None: the send failed, and so does the batch (<Document>NotSent)."""
+    p = document
+    find = t.sdk(
+        f"{p}FindSent",
+        "ssm",
+        "listCommands",
+        {
+            "InstanceId": sfn.JsonPath.string_at("$.InstanceIds[0]"),
+            "Filters": [
+                {"Key": "DocumentName", "Value": t.document_name(document)},
+                {"Key": "InvokedAfter", "Value": sfn.JsonPath.string_at("$.Since")},
+            ],
+        },
+        ["*"],
+        iam_action="ssm:ListCommands",
+        result_selector={"Ids": sfn.JsonPath.list_at("$.Commands[*].CommandId")},
+        result_path="$.Sent",
+    )
+    # A node terminated since the group was read: SSM refused the whole send, so there is
+    # nothing to look for; the child fails with SSM's error, and the map run with it.
+    gone = sfn.Fail(t.scope, f"{p}InstanceGone", error=INVALID_INSTANCE,
+                    cause_path="$.SendError.Cause")  # fmt: skip
+    send.add_catch(gone, errors=[INVALID_INSTANCE], result_path="$.SendError")
+    send.add_catch(find, errors=["States.ALL"], result_path="$.SendError")
+    was_sent = sfn.Choice(t.scope, f"{p}WasSent")
+    found = sfn.Pass(
+        t.scope,
+        f"{p}SentAnyway",
+        parameters={"CommandId": sfn.JsonPath.string_at("$.Sent.Ids[0]")},
+        result_path="$.Command",
+    )
+    not_sent = sfn.Fail(
+        t.scope, f"{p}NotSent", error="SendCommandFailed", cause_path="$.SendError.Cause"
+    )
+    find.next(was_sent)
+    was_sent.when(sfn.Condition.is_present("$.Sent.Ids[0]"), found).otherwise(not_sent)
+    return found
 
 
 def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.TaskStateBase:
@@ -258,14 +316,24 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         },
         result_path="$.Poll",
     )
-    nodes = t.in_service(f"{p}Nodes", "Ids", ".InstanceId", "$.Alive")
-    ids = sfn.JsonPath.list_at("$.Alive.Ids")
+    nodes = t.in_service(f"{p}Nodes", "Ids", ".InstanceId", "$.Seen")
+    ids = sfn.JsonPath.list_at("$.Seen.Ids")
     alive = sfn.Pass(
         t.scope,
         f"{p}NodesAlive",
-        parameters={"Ids": ids, "Count": sfn.JsonPath.array_length(ids)},
+        parameters={
+            "Ids": ids,
+            "Count": sfn.JsonPath.array_length(ids),
+            "Waited.$": "States.MathAdd($.Alive.Waited, $.Job.PollSeconds)",
+        },
         result_path="$.Alive",
     )
+    # The poll's own limit: an agent cut off from SSM never reports, and a cancel never reaches
+    # it (the command stays Cancelling), so after the document's timeout and a margin the
+    # command counts as ended and its invocations are read as they stand.
+    limit = execution_timeout(t.documents[document].content) + POLL_LIMIT_MARGIN
+    too_long = t.sdk(f"{p}PollLimit", "ssm", "cancelCommand", command_id, ["*"],
+                     iam_action="ssm:CancelCommand")  # fmt: skip
     gone = sfn.Pass(t.scope, f"{p}NodeGone", result=sfn.Result.from_boolean(True),
                     result_path="$.Gone")  # fmt: skip
     grace = sfn.Pass(t.scope, f"{p}GraceStarts", result=sfn.Result.from_boolean(True),
@@ -306,7 +374,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
             *(sfn.Condition.string_equals("$.Poll.Command.Status", s) for s in COMMAND_ENDED)
         ),
         results,
-    ).when(
+    ).when(sfn.Condition.number_greater_than_equals("$.Alive.Waited", limit), too_long).when(
         # The invocations on nodes that are gone never end: once the command was cancelled,
         # whoever cancelled it, the rest has once as many invocations ended as nodes still run.
         sfn.Condition.and_(
@@ -328,11 +396,24 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
         cancel,
     ).when(node_gone, gone).when(node_ended, grace).otherwise(wait)
     send.next(wait).next(poll).next(nodes).next(alive).next(ended)
+    _find_sent(t, document, send).next(wait)
     gone.next(grace)
     grace.next(wait_grace).next(poll)
     cancel.next(others)
+    too_long.add_catch(results, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+    too_long.next(results)
     others_end.next(cancelled).next(wait)
     return results
+
+
+def execution_timeout(content: dict[str, Any]) -> int:
+    """The seconds the SSM agent lets a document's step run: its timeoutSeconds, or the default
+    of the parameter it names ("{{ ExecutionTimeout }}": the supervisor passes none)."""
+    timeout = str(content["mainSteps"][0]["inputs"]["timeoutSeconds"])
+    named = re.fullmatch(r"\{\{ *(\w+) *\}\}", timeout)
+    if named:
+        timeout = str(content["parameters"][named[1]]["default"])
+    return int(timeout)
 
 
 def _cancel_other_batches(

@@ -65,6 +65,8 @@ class SupervisorStates(OutcomeStates):
                 "Fresh": {
                     "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
                     "ContinuedFrom": "",
+                    # The seconds the job has waited for nodes so far (a long wait's successor).
+                    "NodeWaited": 0,
                 },
                 "Input": sfn.JsonPath.object_at("$"),
             },
@@ -90,7 +92,10 @@ class SupervisorStates(OutcomeStates):
                 "Job": sfn.JsonPath.object_at("$.Job"),
                 "Counters": sfn.JsonPath.object_at("$.Carried.Counters"),
                 "ContinuedFrom": sfn.JsonPath.string_at("$.Carried.ContinuedFrom"),
-                "NodeWaits": {"Count": 0},
+                "NodeWaits": {
+                    "Count": 0,
+                    "Seconds": sfn.JsonPath.number_at("$.Carried.NodeWaited"),
+                },
             },
         )
 
@@ -200,20 +205,30 @@ class SupervisorStates(OutcomeStates):
 
     wait_for_nodes = wait("WaitForNodes", "$.Job.PollSeconds")
 
+    #: The polls of this execution, and the seconds waited for nodes in all, counted in polls
+    #: (each adds its PollSeconds) and carried over a long wait's hand-over.
     count_node_wait = pass_state(
-        "CountNodeWait", "$.NodeWaits", {"Count.$": "States.MathAdd($.NodeWaits.Count, 1)"}
+        "CountNodeWait",
+        "$.NodeWaits",
+        {
+            "Count.$": "States.MathAdd($.NodeWaits.Count, 1)",
+            "Seconds.$": "States.MathAdd($.NodeWaits.Seconds, $.Job.PollSeconds)",
+        },
     )
 
     keep_waiting = choice("KeepWaiting")
 
     @cached_property
     def join_hosts(self) -> sfn.Pass:
-        """$.Group: the IDs and the host list "a,b,c" (in place of the addresses), in one state.
-        ASL has no join, but the number of addresses is the cluster's node_count (FullSet waits
-        for exactly that many), so one States.Format with a placeholder per node does it
-        (host_list_format)."""
-        ids = sfn.JsonPath.list_at("$.Group.Ids")
-        hosts = host_list_format("$.Group.Addresses", self.t.config.node_count)
+        """$.Group: the IDs and the host list "a,b,c" (in place of the addresses), in one state,
+        of the first node_count nodes in the order the group was read (FullSet waits for at
+        least that many: a group with more InService, healthy nodes than the job needs runs it
+        on node_count of them, the same ones for the same answers). ASL has no join, but the
+        number of addresses is fixed at synthesis, so one States.Format with a placeholder per
+        node does it (host_list_format), and a JSONPath slice takes as many IDs."""
+        nodes = self.t.config.node_count
+        ids = sfn.JsonPath.list_at(f"$.Group.Ids[0:{nodes}]")
+        hosts = host_list_format("$.Group.Addresses", nodes)
         return self._pass(
             "JoinHosts", parameters={"Ids": ids, "Hosts.$": hosts}, result_path="$.Group"
         )
@@ -235,15 +250,18 @@ class SupervisorStates(OutcomeStates):
     def nodes_ready(self) -> sfn.Pass:
         """The attempt's state from here on: the job, its counters, ContinuedFrom and $.Nodes
         (the host list, the batches of SendCommand and the time the nodes were ready, from which
-        a StopTraining command counts). What only the wait for nodes needed ($.Group, the node
-        waits, the running executions) stays behind: at 1,024 nodes each list of IDs is
-        about 22 KB of a state's 256 KiB (tests/test_supervisor.py measures the payloads)."""
+        a StopTraining command counts). What only the wait for nodes needed ($.Group, the running
+        executions) stays behind, and its count starts again from 0: at 1,024 nodes each list
+        of IDs is about 22 KB of a state's 256 KiB (tests/test_supervisor.py measures the
+        payloads)."""
         return self._pass(
             "NodesReady",
             parameters={
                 "Job": sfn.JsonPath.object_at("$.Job"),
                 "Counters": sfn.JsonPath.object_at("$.Counters"),
                 "ContinuedFrom": sfn.JsonPath.string_at("$.ContinuedFrom"),
+                # The wait for nodes ended: a later hand-over carries no waiting time.
+                "NodeWaits": {"Count": 0, "Seconds": 0},
                 "Nodes": {
                     "Hosts": sfn.JsonPath.string_at("$.Group.Hosts"),
                     "Batches.$": f"States.ArrayPartition($.Group.Ids, {SEND_BATCH})",

@@ -86,9 +86,11 @@ class SupervisorTasks:
         result_selector: dict[str, Any] | None = None,
         result_path: str | None = None,
         final_errors: list[str] | None = None,
+        retry_on: tuple[str, ...] = ("States.TaskFailed", "States.Timeout"),
     ) -> tasks.CallAwsService:
-        """An AWS SDK call; its result is discarded unless `result_path` says where it goes.
-        `final_errors` (Step Functions' names: ServiceName.ErrorName) are not retried."""
+        """An AWS SDK call; its result is discarded unless `result_path` says where it goes. It
+        is retried on the errors `retry_on` names (any failure, by default); `final_errors`
+        (Step Functions' names: ServiceName.ErrorName) are not retried."""
         task = tasks.CallAwsService(
             self.scope,
             construct_id,
@@ -106,7 +108,7 @@ class SupervisorTasks:
             task.add_retry(errors=final_errors, max_attempts=0)
         # Throttling and brief outages must not end a job that runs for days.
         task.add_retry(
-            errors=["States.TaskFailed", "States.Timeout"],
+            errors=list(retry_on),
             interval=cdk.Duration.seconds(5),
             max_attempts=6,
             backoff_rate=2,

@@ -4,15 +4,18 @@ stacks/supervisor_outcomes.py (one property per state, named after it); the stat
 around it is stacks/supervisor.py.
 
     Defaults → ReadJob → ReadCounters → ListRunningJobs → OneJobAtATime
-    OneJobAtATime   another job runs → DescribeRefusal → JobRefused (fails)
+    OneJobAtATime   a new job while another runs → DescribeRefusal → JobRefused (fails)
                     a new job → NotifyStart → ReadGroup; a continued job → ReadGroup
     ReadGroup → MoreOfGroup
     MoreOfGroup     another page of IDs → ReadGroupPage → AddGroupPage → JoinGroupPage
                     → MoreOfGroup; the last → PartitionGroup → ReadNodes → CountNodes → FullSet
     ReadNodes       a child failed → ReadNodesFailed → RetryLeft
-    FullSet         all nodes InService and HEALTHY → JoinHosts
+    FullSet         node_count nodes (or more) InService and HEALTHY → JoinHosts
                     otherwise → WaitForNodes → CountNodeWait → KeepWaiting
-    KeepWaiting     MAX_NODE_WAITS polls → DescribeLongWait → HandOver; otherwise → ReadGroup
+    KeepWaiting     node_wait_hours waited in all → DescribeWaitLimit → NotifyWaitLimit
+                    → NodesNotReady (fails: JobFailed)
+                    MAX_NODE_WAITS polls → DescribeLongWait → NotifyLongWait → HandOver
+                    otherwise → ReadGroup
     JoinHosts → NodesReadyAt → SplitNodesReadyAt → NodesReady
     NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
     PreflightPassed a mixed fleet → NotifyMixedFleet → NodesDiffer (fails)
@@ -22,11 +25,13 @@ around it is stacks/supervisor.py.
     PreflightBatches, RunTrainingBatches
                     a child failed → <Document>MapFailedListOtherBatches … (the attempt's
                     commands cancelled) → <Document>MapFailed → RetryLeft
-    TrainingOutcome a bad node → StopFilter → StopFilters → ListStopCommands → AnyStopCommand
-                    a leg end → CountLeg → DescribeLeg → NotifyLeg → HandOver
-                    otherwise → NotifyFinish → JobFinished (succeeds)
-    AnyStopCommand  some → StopCommandJobs → StopMatched → WasStopped; none → RetryLeft
-    WasStopped      this job's → NotifyStopped → JobStopped (fails); otherwise → RetryLeft
+    TrainingOutcome a leg end (and no bad node) → CountLeg → DescribeLeg → NotifyLeg → HandOver
+                    otherwise (a bad node, or every node done) → StopFilter → StopFilters
+                    → ListStopCommands → AnyStopCommand
+    AnyStopCommand  some → StopCommandJobs → StopMatched → WasStopped; none → MoreStopCommands
+    WasStopped      this job's → NotifyStopped → JobStopped (fails); otherwise → MoreStopCommands
+    MoreStopCommands another page → ListMoreStopCommands → AnyStopCommand; none → NotStopped
+    NotStopped      a bad node → RetryLeft; otherwise → NotifyFinish → JobFinished (succeeds)
     RetryLeft       none left → DescribeFailure → NotifyFailure → JobFailed (fails)
                     otherwise → CountRetry → DescribeRetry → NotifyRetry → WaitBeforeRetry
                     → HandOver
@@ -51,15 +56,15 @@ from stacks.supervisor_limits import MAX_NODE_WAITS
 from stacks.supervisor_states import SupervisorStates
 
 
-def definition(s: SupervisorStates, *, node_count: int) -> sfn.IChainable:
+def definition(s: SupervisorStates, *, node_count: int, wait_seconds: int) -> sfn.IChainable:
     """The whole workflow, joined phase by phase; returns its first state."""
     # aws-cdk-lib lists the states by walking from the first one, taking a state's predecessors
     # (in the order they were joined to it) before its successors. So the order of these calls,
     # and of the joins within them, fixes the order of the states in the definition string,
     # though not what they do; it is kept as deployed (tests/test_stacks_snapshots.py):
     # ReadGroup is joined from KeepWaiting before the job's start, HandOver from a leg end
-    # before a retry, RetryLeft from WasStopped before AnyStopCommand.
-    wait_for_nodes(s, node_count=node_count)
+    # before a retry, RetryLeft from NotStopped, after the stop check.
+    wait_for_nodes(s, node_count=node_count, wait_seconds=wait_seconds)
     first = start_the_job(s)
     run_an_attempt(s)
     after_a_leg_end(s)
@@ -71,7 +76,11 @@ def definition(s: SupervisorStates, *, node_count: int) -> sfn.IChainable:
 def start_the_job(s: SupervisorStates) -> sfn.IChainable:
     """The job's settings over the defaults, its counters, and one job at a time per cluster:
     a second job is refused rather than queued (a queued job would hold an execution, and its
-    history, for as long as the running one trains)."""
+    history, for as long as the running one trains). Only a new job is ever refused: an
+    execution that continues a job carries one that was admitted, and ListExecutions is
+    eventually consistent (Step Functions API reference), so a new job can start unseen while
+    the running one hands over; refusing the successor then (it sees its predecessor, itself
+    and the new one) would end the running job, where the new one refuses itself."""
     first = (
         s.defaults.next(s.read_job)
         .next(s.read_counters)
@@ -80,11 +89,7 @@ def start_the_job(s: SupervisorStates) -> sfn.IChainable:
     )
     fresh = sfn.Condition.string_equals("$.ContinuedFrom", "")
     s.one_job_at_a_time.when(
-        # The execution that handed a job over may still be running for a moment.
-        sfn.Condition.or_(
-            sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
-            sfn.Condition.number_greater_than("$.Running.Count", 2),
-        ),
+        sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
         s.describe_refusal,
     ).when(fresh, s.notify_start).otherwise(s.read_group)
     s.describe_refusal.next(s.job_refused)
@@ -92,10 +97,12 @@ def start_the_job(s: SupervisorStates) -> sfn.IChainable:
     return first
 
 
-def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
-    """Poll the group until `node_count` nodes are InService and HEALTHY, then build the host
-    list; after MAX_NODE_WAITS polls a successor execution waits on. The group is read page by
-    page and batch by batch (stacks/supervisor_group.py)."""
+def wait_for_nodes(s: SupervisorStates, *, node_count: int, wait_seconds: int) -> None:
+    """Poll the group until `node_count` nodes (or more: JoinHosts takes node_count of them)
+    are InService and HEALTHY, then build the host list; after MAX_NODE_WAITS polls a successor
+    execution waits on (the operator hears of it), and after `wait_seconds` of waiting in all,
+    counted in polls over the hand-overs, the job fails naming the count. The group is read
+    page by page and batch by batch (stacks/supervisor_group.py)."""
     s.read_group.next(s.more_of_group)
     s.more_of_group.when(sfn.Condition.is_present("$.Group.Next[0]"), s.read_group_page).otherwise(
         s.partition_group
@@ -106,14 +113,18 @@ def wait_for_nodes(s: SupervisorStates, *, node_count: int) -> None:
     s.read_nodes.add_catch(s.read_nodes_failed, errors=["States.ALL"], result_path="$.MapFailure")
     s.read_nodes_failed.next(s.retry_left)
     s.full_set.when(
-        sfn.Condition.number_equals("$.Group.Count", node_count), s.join_hosts
+        sfn.Condition.number_greater_than_equals("$.Group.Count", node_count), s.join_hosts
     ).otherwise(s.wait_for_nodes)
     s.wait_for_nodes.next(s.count_node_wait).next(s.keep_waiting)
     s.keep_waiting.when(
+        sfn.Condition.number_greater_than_equals("$.NodeWaits.Seconds", wait_seconds),
+        s.describe_wait_limit,
+    ).when(
         sfn.Condition.number_greater_than_equals("$.NodeWaits.Count", MAX_NODE_WAITS),
         s.describe_long_wait,
     ).otherwise(s.read_group)
-    s.describe_long_wait.next(s.hand_over)
+    s.describe_wait_limit.next(s.notify_wait_limit).next(s.nodes_not_ready)
+    s.describe_long_wait.next(s.notify_long_wait).next(s.hand_over)
 
     # The host list "a,b,c" in one state (stacks/supervisor_states.py, host_list_format).
     s.join_hosts.next(s.nodes_ready_at).next(s.split_nodes_ready_at).next(s.nodes_ready)
@@ -141,12 +152,13 @@ def run_an_attempt(s: SupervisorStates) -> None:
     s.preflight.failed.next(s.retry_left)
 
     s.run_training.end.next(s.training_outcome)
+    # Every node done is a finish only if no StopTraining for the job came meanwhile: the
+    # trainers save and exit 0 on a stop (cluster.py stop), so a stop can look like a finish.
     s.training_outcome.when(
         sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.stop_filter
     ).when(sfn.Condition.boolean_equals("$.Verdict.Leg", True), s.count_leg).otherwise(
-        s.notify_finish
+        s.stop_filter
     )
-    s.notify_finish.next(s.job_finished)
     s.run_training.failed.next(s.retry_left)
 
 
@@ -157,20 +169,30 @@ def after_a_leg_end(s: SupervisorStates) -> None:
 
 
 def after_a_failure(s: SupervisorStates) -> None:
-    """A failed training attempt: was it `cluster.py stop` (a StopTraining command for this job
-    since the nodes were ready)? Then the job ends, not retried. Otherwise, and after a failed
-    preflight, a retry with resume while MaxRetries allows, then the job fails."""
+    """A failed or finished training attempt: was it `cluster.py stop` (a StopTraining command
+    for this job since the nodes were ready, on any page of ListCommands)? Then the job ends
+    stopped, not retried and not finished. Otherwise a finished attempt finishes the job; a
+    failed one, and a failed preflight, retries with resume while MaxRetries allows, then the
+    job fails."""
     s.stop_filter.next(s.stop_filters).next(s.list_stop_commands).next(s.any_stop_command)
     s.stop_command_jobs.next(s.stop_matched).next(s.was_stopped)
     s.was_stopped.when(
         sfn.Condition.boolean_equals("$.Stop.Stopped", True), s.notify_stopped
-    ).otherwise(s.retry_left)
+    ).otherwise(s.more_stop_commands)
     s.notify_stopped.next(s.job_stopped)
     # A filter that matches nothing reads as [] in Step Functions; StopCommandJobs is asked
     # only when there is a StopTraining command at all.
     s.any_stop_command.when(
         sfn.Condition.is_present("$.Stop.Commands[0]"), s.stop_command_jobs
-    ).otherwise(s.retry_left)
+    ).otherwise(s.more_stop_commands)
+    s.more_stop_commands.when(
+        sfn.Condition.is_present("$.Stop.Next[0]"), s.list_more_stop_commands
+    ).otherwise(s.not_stopped)
+    s.list_more_stop_commands.next(s.any_stop_command)
+    s.not_stopped.when(sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.retry_left).otherwise(
+        s.notify_finish
+    )
+    s.notify_finish.next(s.job_finished)
 
     s.retry_left.when(
         sfn.Condition.number_greater_than_equals_json_path(

@@ -69,7 +69,7 @@ MIN_POLL = {n: min_poll_seconds(n) for n in (64, 256, 1024)}
 
 def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
     """Every batch's child polls in the same second (the Distributed Maps start them together),
-    so a worst minute holds one poll of every batch whatever PollSeconds is (113 s and more):
+    so a worst minute holds one poll of every batch whatever PollSeconds is (114 s and more):
     the figures are the same at the minimum and the default."""
     expected = {
         64: {"ssm:SendCommand": 2, "ssm:ListCommands": 3, "ec2:DescribeTags": 1,

@@ -245,6 +245,12 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
         ({"retain_data": "maybe"}, "retain_data='maybe' is not a boolean; allowed: true or false"),
         ({"alarm_email": "ops"}, "alarm_email='ops' is not an email address"),
         ({"log_retention_days": "10"}, "log_retention_days=10 is not a retention"),
+        (
+            {"node_wait_hours": "0"},
+            "node_wait_hours=0 is out of range; allowed: 1 to 168 (hours a job waits for a full "
+            "set of nodes)",
+        ),
+        ({"node_wait_hours": "a day"}, "node_wait_hours='a day' is not a whole number; allowed:"),
         ({"cluster_name": "Trainium_1"}, "cluster_name='Trainium_1' is not allowed; allowed: "),
         ({"cluster_name": "a" * 25}, f"cluster_name='{'a' * 25}' is not allowed; allowed: 1-24"),
         ({"node_cout": "4"}, "node_cout is not a setting (did you mean node_count?); allowed: "),

@@ -1,345 +1,429 @@
-"""Faults that span the batches of a job: the synthesized state machine of a 60-node cluster (two
-batches of SendCommand: 50 nodes and 10) runs in moto's interpreter, made to do what Step
-Functions does where moto is kinder (scripts/rehearsal/supervisor.py: a Distributed Map whose
-child fails, the SDK integrations' error names), against the AWS stand-in and its simulated
-fleet (scripts/rehearsal/fleet.py: agents that answer each invocation as the test tells them,
-instances that hang or die).
+"""Faults the job supervisor rides out, rehearsed through its synthesized state machine (moto's
+ASL interpreter, scripts/rehearsal/supervisor.py) against the AWS stand-in over a simulated
+fleet (scripts/rehearsal/fleet.py: the nodes' agents answer every invocation as the test tells
+them, no process runs on a node): the wait for nodes that never ends, a stop that reaches the
+nodes while the supervisor runs, an agent cut off from SSM, a SendCommand that fails after SSM
+accepted it, and a new job racing a hand-over.
 
-- Another batch cancels the command of the batch whose node is gone: SSM reports that command
-  Cancelling for as long as the dead node's invocation does not acknowledge the cancel, which is
-  forever; the batch must end on the node being gone, not wait for the status.
-- A node terminated between the read of the group and a batch's SendCommand: SSM refuses the
-  command (InvalidInstanceId), the batch's child execution fails, Step Functions fails the map
-  run and aborts the other children, and the attempt's other commands must be cancelled and
-  the job retried, or failed with the cause named when no retry is left.
+The waits of the state machine (PollSeconds, the grace, the retry delay) pass at once here
+(`instant_waits`): a job's hours of waiting take seconds, and nothing in these tests depends on
+how long a wait takes, only on how many there were (the supervisor counts its waits in
+PollSeconds, stacks/supervisor_workflow.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
-from scripts.rehearsal.supervisor import (
-    MAP_RUN_FAILED,
-    jayway_json_paths,
-    local_supervisor,
-    map_run_failures,
-    map_run_histories,
-    synthesize_operations,
-)
 from scripts.rehearsal.supervisor import definition as machine_definition
-from stacks.supervisor import JOB_DEFAULTS
-from stacks.supervisor_limits import SEND_BATCH
-from stacks.supervisor_run import CAUSE_GONE, INVALID_INSTANCE
-from tests.test_supervisor import placeholder_refs, states
+from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
+from stacks.supervisor_limits import MAX_NODE_WAITS
+from tests.cdk_support import Synth
+from tests.test_supervisor import Supervisor, default, placeholder_refs, states
 
-NODES = 60  # two batches: SEND_BATCH and 10
-CLUSTER = "faults"
-JOB_ID = "fault-rehearsal"
-#: A poll a second and a short grace: the rehearsal measures the workflow, not AWS's pace.
-SETTINGS = {"PollSeconds": 1, "RetryDelaySeconds": 1, "FailureGraceSeconds": 1}
-#: Upper bounds only: each wait ends on an event (a command sent, a status reached).
-WAIT = 240
+__all__ = ["default"]  # the default cluster's synth, a fixture of test_supervisor
 
-
-@pytest.fixture(scope="module")
-def template() -> dict[str, Any]:
-    return synthesize_operations(CLUSTER, NODES)
-
-
-@dataclass
-class Job:
-    cloud: LocalCloud
-    agents: SimulatedAgents
-    client: Any
-    execution: str
-    children: list[Any]
-
-    def commands(self, ids: frozenset[str]) -> tuple[Any, Any]:
-        """The attempt's RunTraining commands: the batch of SEND_BATCH nodes and the other."""
-        big, small = sorted(
-            (self.cloud.ssm.commands[c] for c in ids), key=lambda c: -len(c.invocations)
-        )
-        assert (len(big.invocations), len(small.invocations)) == (SEND_BATCH, NODES - SEND_BATCH)
-        return big, small
-
-    def status(self) -> str:
-        """The status of the job's first execution."""
-        return str(self.client.describe_execution(executionArn=self.execution)["status"])
-
-    def end(self) -> tuple[str, list[str], dict[str, Any]]:
-        """Follows the job's executions (each hand-over's ContinuedAs) to the last one; returns
-        its status, the executions' names and the last one's description."""
-        chain, deadline = [self.execution], time.monotonic() + WAIT
-        while True:
-            described = self.client.describe_execution(executionArn=chain[-1])
-            if described["status"] != "RUNNING":
-                successor = json.loads(described.get("output") or "{}").get("ContinuedAs")
-                if not successor:
-                    break
-                chain.append(f"{chain[-1].rsplit(':', 1)[0]}:{successor}")
-                continue
-            assert time.monotonic() < deadline, f"the job still runs after {WAIT} s"
-            time.sleep(0.2)
-        return described["status"], [a.rsplit(":", 1)[1] for a in chain], described
-
-
-def until(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
-        time.sleep(0.1)
+#: The default cluster's job settings in these rehearsals: waits pass at once (instant_waits),
+#: so PollSeconds only says how much waiting each poll counts for.
+SETTINGS = {"PollSeconds": 720, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
 
 
 @contextlib.contextmanager
-def simulated_job(template: dict[str, Any], **settings: Any) -> Iterator[Job]:
-    """A job on NODES simulated nodes under the synthesized supervisor, started."""
+def instant_waits() -> Iterator[None]:
+    """Every Wait state of moto's interpreter (moto/stepfunctions/parser/asl/component/state/
+    wait/wait_function/wait_function.py, WaitFunction._wait_interval) passes at once."""
+    from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import (
+        WaitFunction,
+    )
+
+    def at_once(self: Any, env: Any, wait_seconds: int) -> None:
+        env.program_state_event.wait(0.005)
+
+    with patch.object(WaitFunction, "_wait_interval", at_once):
+        yield
+
+
+@contextlib.contextmanager
+def simulated(
+    tmp_path: Path, synthesized: Synth, nodes: int
+) -> Iterator[tuple[LocalCloud, SimulatedAgents, Supervisor]]:
+    """`nodes` simulated nodes (any number: the cluster's node_count is the synthesized one),
+    their agents, and the synthesized state machine in moto's interpreter."""
     with (
-        tempfile.TemporaryDirectory(prefix="supervisor-faults-") as folder,
-        LocalCloud(SimulatedHosts(NODES), Path(folder), cluster_name=CLUSTER,  # type: ignore[arg-type]
-                   instances=SimulatedInstances) as cloud,
-        local_supervisor(cloud, template) as arn,
-        map_run_histories() as children,
-        contextlib.ExitStack() as stack,
-    ):  # fmt: skip
+        LocalCloud(
+            SimulatedHosts(nodes),  # type: ignore[arg-type]
+            tmp_path,
+            cluster_name=synthesized.config.cluster_name,
+            instances=SimulatedInstances,
+        ) as cloud,
+        local_supervisor(cloud, synthesized.templates["operations"]) as arn,
+        map_run_histories() as map_runs,
+        instant_waits(),
+    ):
         agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
-        stack.callback(agents.close)
         agents.attach(cloud)
-        client = cloud.session().client("stepfunctions")
-        execution = client.start_execution(
-            stateMachineArn=arn, name=JOB_ID,
-            input=json.dumps({"JobId": JOB_ID, **SETTINGS, **settings}),
-        )["executionArn"]  # fmt: skip
-        yield Job(cloud, agents, client, execution, children)
+        try:
+            yield cloud, agents, Supervisor(cloud, arn, map_runs)
+        finally:
+            agents.close()
+
+
+def ended(supervisor: Supervisor, execution: str, timeout: float, most: int = 4) -> str:
+    """The status of the job's last execution once the chain ended; fails once the job has
+    gone through more than `most` executions (a wait that never ends hands itself over
+    forever) or after `timeout` seconds (an upper bound only)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        chain = supervisor.chain(execution)
+        assert len(chain) <= most, f"the job went on through {len(chain)} executions"
+        status = supervisor.status(chain[-1])
+        if status != "RUNNING" and supervisor.successor(chain[-1]) is None:
+            return status
+        assert time.monotonic() < deadline, supervisor.trace(execution)
+        time.sleep(0.2)
+
+
+def subjects(cloud: LocalCloud) -> list[str]:
+    return [n["Subject"].split(" ", 3)[-1] for n in cloud.notifications]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ the wait for nodes
 
 
 @pytest.mark.slow
-def test_a_batch_whose_node_is_gone_ends_when_another_batch_cancelled_its_command(
-    template: dict[str, Any],
+def test_a_wait_for_nodes_that_never_ends_tells_the_operator_and_fails_at_its_limit(
+    tmp_path: Path, default: Synth
 ) -> None:
-    """A node of the big batch hangs (its agent answers nothing more; EC2 and Auto Scaling
-    still count it until a health check fails), a node of the small batch fails, and the
-    small batch cancels both commands. The big batch's command stays Cancelling (SSM API
-    reference, Command.Status: the hung invocation never acknowledges the cancel) after the
-    group has terminated the node; the big batch must end on its node being gone, whoever
-    cancelled, and the job retry on the replacement. Before, it polled "Cancelling" until its
-    history ran out."""
-    with simulated_job(template, MaxRetries=1) as job:
-        first = job.agents.wait_launched(NODES, WAIT)
-        big, small = job.commands(first)
-        hung = next(iter(big.invocations.values())).instance
-        job.agents.hang(hung)
-        job.agents.fail(next(iter(small.invocations.values())).instance)
-        # The small batch's cancel reaches the big batch's command: every live node of it
-        # ends Cancelled, the hung one stays Cancelling, and so does the command.
-        until(
-            lambda: (
-                job.cloud.ssm._command_view(big)["Status"] == "Cancelling"
-                and job.cloud.ssm._command_view(big)["CompletedCount"] == SEND_BATCH - 1
-            ),
-            "the big batch's command Cancelling",
+    """No capacity: one of the cluster's two nodes runs (a Capacity Block scaled to 0 has
+    none). The supervisor polls for nodes, hands the job over after MAX_NODE_WAITS polls and
+    says so on the topic, and once it has waited node_wait_hours in all (counted over the
+    hand-over) ends FAILED, naming how many nodes it saw of how many it needs: the EventBridge
+    rule on FAILED executions (stacks/supervisor.py) then reaches the operator too. Before,
+    the job handed itself over forever and no one heard of it after the start."""
+    config = default.config
+    limit = config.node_wait_hours * 3600
+    polls = -(-limit // SETTINGS["PollSeconds"])
+    assert MAX_NODE_WAITS < polls < 2 * MAX_NODE_WAITS  # one hand-over, then the limit
+    with simulated(tmp_path, default, 1) as (cloud, _, supervisor):
+        execution = supervisor.start("no-capacity", **SETTINGS)
+        assert ended(supervisor, execution, 600) == "FAILED"
+        chain = supervisor.chain(execution)
+        assert len(chain) == 2, chain
+        failed = supervisor.describe(chain[-1])
+        assert failed["error"] == "JobFailed"
+        said = f"1 of {config.node_count} nodes InService and healthy after {polls * 720} s"
+        assert said in failed["cause"], failed["cause"]
+        assert subjects(cloud) == ["started", "waits for nodes", "failed"], subjects(cloud)
+        waiting = cloud.notifications[1]["Message"]
+        assert f"1 of {config.node_count} nodes InService and healthy after " in waiting
+        assert f"{MAX_NODE_WAITS} polls" in waiting and "fails after 24 hours" in waiting
+        assert said in cloud.notifications[2]["Message"]
+        handed = json.loads(supervisor.describe(chain[0])["output"])
+        assert handed["Why"] in waiting
+        # The successor carried the time waited: it failed after the rest of it, not 24 h more.
+        successor = json.loads(supervisor.describe(chain[1])["input"])
+        assert successor["NodeWaited"] == MAX_NODE_WAITS * SETTINGS["PollSeconds"]
+        assert not cloud.commands, "no command may be sent without a full set"
+
+
+@pytest.mark.slow
+def test_more_healthy_nodes_than_the_job_needs_run_it_on_node_count_of_them(
+    tmp_path: Path, default: Synth
+) -> None:
+    """Three InService, healthy nodes in a cluster of two (a group scaled out by hand, a
+    replacement launched before the old node left): the job runs on the first two the group
+    read, the same two for the same answers, and finishes. Before, FullSet asked for exactly
+    node_count and the job waited for ever."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes + 1) as (cloud, agents, supervisor):
+        execution = supervisor.start("more-nodes", **SETTINGS)
+        commands = agents.wait_launched(nodes, 300)
+        agents.finish()
+        assert ended(supervisor, execution, 300) == "SUCCEEDED", supervisor.trace(execution)
+        (training,) = [cloud.commands[c] for c in commands]
+        chosen = [i.instance_id for i in cloud.running()[:nodes]]
+        assert list(training.invocations) == chosen
+        hosts = training.parameters["Hosts"][0].split(",")
+        assert hosts == [i.address for i in cloud.running()[:nodes]]
+        assert subjects(cloud) == ["started", "finished"], subjects(cloud)
+
+
+# ------------------------------------------------------------------------------ a stop
+
+
+def send_stops(cloud: LocalCloud, job_ids: list[str]) -> None:
+    """StopTraining for each of `job_ids` in turn, on every node (as `cluster.py stop` sends it,
+    scripts/cluster_lib/node_operations.py), through the stand-in's SSM."""
+    ssm = cloud.session().client("ssm")
+    nodes = [i.instance_id for i in cloud.running()]
+    for job_id in job_ids:
+        ssm.send_command(
+            DocumentName=f"{cloud.cluster_name}-StopTraining",
+            InstanceIds=nodes,
+            Parameters={"JobId": [job_id]},
+            Comment=f"{job_id} stop",
         )
-        job.agents.die(hung)  # the group finds it unhealthy and replaces it
-        job.agents.wait_launched(NODES, WAIT, after=first)
-        assert job.cloud.ssm._command_view(big)["Status"] == "Cancelling"
-        job.agents.finish()
-        status, executions, _ = job.end()
-    assert status == "SUCCEEDED" and len(executions) == 2, (status, executions)
-    (retry,) = [n for n in job.cloud.notifications if n["Subject"].endswith(" retries")]
-    assert (
-        CAUSE_GONE.format(document="RunTraining").replace("{}", hung.instance_id)
-        in (retry["Message"])
+
+
+@pytest.mark.slow
+def test_a_stop_that_reaches_the_nodes_while_the_supervisor_runs_is_reported_as_a_stop(
+    tmp_path: Path, default: Synth
+) -> None:
+    """StopTraining reaches the nodes while the job's execution still runs (`cluster.py stop`
+    missed it: a successor that an execution started just as it was stopped). The trainers
+    save and exit 0 (workload/stop.py), so every invocation ends Success; the supervisor finds
+    the job's StopTraining command (ListCommands, sent since the nodes were ready) and ends
+    the job stopped, not finished. Before, the job was announced finished."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        execution = supervisor.start("stopped", **SETTINGS)
+        agents.wait_launched(nodes, 300)
+        send_stops(cloud, ["stopped"])
+        agents.finish()
+        assert ended(supervisor, execution, 300) == "FAILED", supervisor.trace(execution)
+        assert supervisor.describe(supervisor.chain(execution)[-1])["error"] == "JobStopped"
+        assert subjects(cloud) == ["started", "stopped"], subjects(cloud)
+
+
+@pytest.mark.slow
+def test_the_stop_check_reads_every_page_of_stop_commands(tmp_path: Path, default: Synth) -> None:
+    """The job's StopTraining command, then 55 for other jobs (an operator clearing old jobs'
+    processes): ListCommands lists newest first, 50 a page at most (SSM API reference,
+    ListCommands MaxResults), so the job's own is on a later page. A node then fails; the
+    supervisor reads every page and finds the stop: the job ends stopped. Before, it read one
+    page and took the stopped job for a failed one."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        execution = supervisor.start("paged", MaxRetries=0, **SETTINGS)
+        agents.wait_launched(nodes, 300)
+        send_stops(cloud, ["paged"] + [f"old-{n}" for n in range(55)])
+        agents.fail(cloud.running()[0])
+        assert ended(supervisor, execution, 300) == "FAILED", supervisor.trace(execution)
+        assert supervisor.describe(supervisor.chain(execution)[-1])["error"] == "JobStopped"
+        assert subjects(cloud) == ["started", "stopped"], subjects(cloud)
+
+
+# ------------------------------------------------------------ statuses against the model
+
+
+def _status_rules(rule: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(variable, value) of every StringEquals in a Choice rule, nested ones included."""
+    if "StringEquals" in rule:
+        yield rule["Variable"], rule["StringEquals"]
+    for key in ("And", "Or"):
+        for inner in rule.get(key, []):
+            yield from _status_rules(inner)
+    if "Not" in rule:
+        yield from _status_rules(rule["Not"])
+
+
+def test_every_status_the_supervisor_compares_is_one_ssm_gives(default: Synth) -> None:
+    """Each Choice that compares a command's or an invocation's Status compares it with a value
+    of the enum botocore's SSM model gives that field (Command.Status: CommandStatus,
+    CommandInvocation.Status: CommandInvocationStatus); a value outside it can never match.
+    "DeliveryTimedOut" was one: a StatusDetails text, not a Status."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("ssm")
+    enums = {
+        "$.Poll.Command.Status": set(model.shape_for("CommandStatus").enum),
+        "$.Invocation.Status": set(model.shape_for("CommandInvocationStatus").enum),
+    }
+    template = default.templates["operations"]
+    compared = [
+        (variable, value)
+        for _, state in states(machine_definition(template, placeholder_refs(template)))
+        if state["Type"] == "Choice"
+        for rule in state["Choices"]
+        for variable, value in _status_rules(rule)
+        if variable.endswith(".Status")
+    ]
+    assert {variable for variable, _ in compared} == set(enums), compared
+    wrong = [(v, value) for v, value in compared if value not in enums[v]]
+    assert not wrong, wrong
+
+
+# ------------------------------------------------------------ an agent cut off from SSM
+
+
+def test_the_poll_limit_of_each_document_is_its_timeout_and_a_margin(default: Synth) -> None:
+    """A batch's poll loop counts the command's waits (PollSeconds each) and ends at the
+    document's own timeout (the agent's executionTimeout: Preflight's timeoutSeconds,
+    RunTraining's ExecutionTimeout default, which the supervisor does not override) plus
+    POLL_LIMIT_MARGIN: the limit the agent enforces, and no longer."""
+    from scripts.cluster_lib.documents import load
+    from stacks.supervisor_limits import POLL_LIMIT_MARGIN
+    from stacks.supervisor_run import execution_timeout
+
+    template = default.templates["operations"]
+    found = dict(states(machine_definition(template, placeholder_refs(template))))
+    timeouts = {"Preflight": 1800, "RunTraining": 172_800}
+    for document, timeout in timeouts.items():
+        assert execution_timeout(load(document).content) == timeout
+        limit = [c for c in found[f"{document}Ended"]["Choices"]
+                 if c.get("Variable") == "$.Alive.Waited"]  # fmt: skip
+        assert limit == [{"Variable": "$.Alive.Waited", "NumericGreaterThanEquals":
+                          timeout + POLL_LIMIT_MARGIN, "Next": f"{document}PollLimit"}]  # fmt: skip
+        assert found[f"{document}PollLimit"]["Next"] == f"{document}Results"
+
+
+@pytest.mark.slow
+def test_an_agent_cut_off_from_ssm_does_not_hold_the_job(tmp_path: Path, default: Synth) -> None:
+    """One node's agent takes Preflight and is then cut off from SSM: its invocation stays
+    InProgress, and the cancel never reaches it (Cancelling, for ever: SSM hears from the agent
+    only). Its node still runs, so the poll's check of the nodes in service cannot see it.
+    The batch's child stops polling once it has waited Preflight's timeout and the margin,
+    reads the invocations as they stand and classifies the cut-off node's as bad; the job
+    (no retries left) fails naming it. Before, the child polled until its history ran out
+    (about 49 hours for RunTraining)."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        cut_off = cloud.running()[-1]
+        start = agents._start
+
+        def deliver(command_id: str, document: str, invocation: Any) -> None:
+            if invocation.instance is not cut_off:
+                start(command_id, document, invocation)
+                return
+            # Delivered, then nothing more: the agent's last word was InProgress.
+            invocation.folder.mkdir(parents=True, exist_ok=True)
+            status = {"status": "InProgress", "started": time.time()}
+            (invocation.folder / "status.json").write_text(json.dumps(status))
+
+        agents._start = deliver  # type: ignore[method-assign]
+        execution = supervisor.start("cut-off", MaxRetries=0, **SETTINGS)
+        assert ended(supervisor, execution, 300) == "FAILED", supervisor.trace(execution)
+        failed = supervisor.describe(supervisor.chain(execution)[-1])
+        assert failed["error"] == "JobFailed"
+        assert f"{cut_off.instance_id}: Preflight ended Cancelling" in failed["cause"], failed
+        assert "PreflightPollLimit" in supervisor.entered(execution)
+        (preflight,) = cloud.commands.values()
+        assert preflight.invocations[cut_off.instance_id].status()["status"] == "Cancelling"
+        assert subjects(cloud) == ["started", "failed"], subjects(cloud)
+
+
+# ------------------------------------------------------------ a new job racing a hand-over
+
+
+def test_a_new_job_racing_a_hand_over_refuses_itself_and_never_ends_the_running_job(
+    default: Synth,
+) -> None:
+    """The definition's own start (Defaults to OneJobAtATime, ListExecutions answered by moto)
+    with two executions running: the one handing a job over (A) and a new job started meanwhile
+    (N: ListExecutions is eventually consistent, Step Functions API reference, so `train`'s
+    check can miss the successor). A's successor, which continues the running job, goes on;
+    a new job is refused. Before, the successor saw three executions and was refused: the new
+    job ended the running one."""
+    import boto3
+    from moto import mock_aws
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk as aws_sdk,
     )
 
+    from scripts.rehearsal.supervisor import SfnAsSdkIntegration, jayway_json_paths
 
-def _terminate_before_the_second_send(job: Job, document: str) -> list[Any]:
-    """When the second batch's SendCommand of `document` (Preflight or RunTraining) in the first
-    attempt comes, one of its nodes has just been terminated (the group replaced it after
-    ReadNodes read it); returns [the node] once that happened."""
-    ssm, victims = job.cloud.ssm, []
-    send = ssm._ssm_SendCommand
-
-    def send_after_a_node_went(params: dict[str, Any]) -> dict[str, Any]:
-        sent = [c for c in ssm.commands.values() if c.document.endswith(document)]
-        if params["DocumentName"].endswith(document) and len(sent) == 1 and not victims:
-            victim = job.cloud.instances.instance(params["InstanceIds"][-1])
-            assert victim is not None
-            victims.append(victim)
-            job.agents.die(victim)
-        answer: dict[str, Any] = send(params)
-        return answer
-
-    ssm._ssm_SendCommand = send_after_a_node_went  # type: ignore[method-assign]
-    return victims
-
-
-@pytest.mark.parametrize(
-    ("document", "retries"), [("RunTraining", 1), ("RunTraining", 0), ("Preflight", 1)]
-)
-def test_a_batch_that_cannot_send_fails_the_map_and_the_attempt_is_cancelled_and_retried(
-    template: dict[str, Any], document: str, retries: int
-) -> None:
-    """The second batch's SendCommand names a node terminated since the group was read: SSM
-    refuses it (botocore's ssm model, InvalidInstanceId: "Invalid states are: Shutting-down
-    and Terminated"), which Step Functions reports as Ssm.InvalidInstanceIdException (developer
-    guide, supported-services-awssdk) and no retry can mend. The child fails; the map run
-    fails with States.ExceedToleratedFailureThreshold (developer guide, tolerated failure
-    threshold: 0 by default) and the other batch's child is aborted. The map's Catch cancels
-    the first batch's RunTraining command, which would otherwise run for up to 48 hours (the
-    simulated Preflight has ended by then), and the job retries on the replacement (counted),
-    or, with no retry left, fails with the map's error in its notification and its cause.
-    Before, the job's execution failed at the map with no retry and no message of its own, and
-    the first batch's command ran on."""
-    with simulated_job(template, MaxRetries=retries) as job:
-        victims = _terminate_before_the_second_send(job, document)
-        until(lambda: bool(victims), "a node terminated before a batch's SendCommand")
-        commands = job.cloud.ssm.commands.values()
-        (sent,) = [c for c in commands if c.document.endswith(document)]
-
-        def ended() -> bool:
-            status = job.cloud.ssm._command_view(sent)["Status"]
-            return bool(status == ("Cancelled" if document == "RunTraining" else "Success"))
-
-        until(
-            lambda: ended() or job.status() != "RUNNING",
-            "the first batch's command ended, or the job's execution ended",
-        )
-        assert ended(), (job.status(), job.client.describe_execution(
-            executionArn=job.execution).get("cause"))  # fmt: skip
-        if retries:
-            job.agents.wait_launched(NODES, WAIT, after=frozenset([sent.command_id]))
-            job.agents.finish()
-        status, executions, described = job.end()
-    # The failed child: SendCommand refused, not retried.
-    failures = [
-        e["taskFailedEventDetails"]
-        for history in job.children
-        for e in history.get_event_history()
-        if e["type"] == "TaskFailed"
-    ]
-    assert [f["error"] for f in failures] == [INVALID_INSTANCE], failures
-    assert victims[0].instance_id in failures[0]["cause"]
-    subjects = [n["Subject"].rsplit(" ", 1)[1] for n in job.cloud.notifications]
-    said = [
-        n["Message"]
-        for n in job.cloud.notifications
-        if n["Subject"].endswith((" retries", " failed"))
-    ]
-    assert said and all(f"{document}Batches failed ({MAP_RUN_FAILED})" in m for m in said), said
-    if document == "RunTraining":  # the commands it cancelled
-        assert all(sent.command_id in m for m in said), said
-    if retries:
-        assert status == "SUCCEEDED" and len(executions) == 2, (status, executions)
-        assert subjects == ["started", "retries", "finished"], subjects
-    else:
-        assert status == "FAILED" and len(executions) == 1, (status, executions)
-        assert subjects == ["started", "failed"], subjects
-        assert described["error"] == "JobFailed"
-        assert f"{document}Batches failed ({MAP_RUN_FAILED})" in described["cause"]
-
-
-def test_every_distributed_map_catches_its_failure_and_the_job_retries(
-    template: dict[str, Any],
-) -> None:
-    """Each of the three Distributed Maps catches its own failure (States.ALL matches
-    States.ExceedToleratedFailureThreshold, though not States.DataLimitExceeded or a runtime
-    error in the state itself: Step Functions developer guide, error names) and goes on to
-    RetryLeft; after PreflightBatches and RunTrainingBatches through a cancel of that document's
-    executing commands. Each batch's SendCommand does not retry INVALID_INSTANCE (a terminated
-    node stays terminated) and tries that retrier first: Step Functions takes the first retrier
-    whose ErrorEquals matches."""
-    found = dict(states(machine_definition(template, placeholder_refs(template))))
-    maps = [n for n, s in found.items() if s.get("ItemProcessor", {}).get("ProcessorConfig", {})
-            .get("Mode") == "DISTRIBUTED"]  # fmt: skip
-    assert sorted(maps) == ["PreflightBatches", "ReadNodes", "RunTrainingBatches"], maps
-    for name in maps:
-        (catch,) = found[name]["Catch"]
-        assert catch["ErrorEquals"] == ["States.ALL"] and catch["ResultPath"] == "$.MapFailure"
-        path, state = [], catch["Next"]
-        while state != "RetryLeft":
-            assert state not in path, path
-            path.append(state)
-            step = found[state]
-            state = step.get("Next") or step.get("Default")
-        if name == "ReadNodes":
-            assert path == ["ReadNodesFailed"], path
-            continue
-        document = name.removesuffix("Batches")
-        cancel = found[f"{document}MapFailedCancelOtherBatches"]
-        assert f"{document}MapFailedCancelOtherBatches" in path and path[-1] == (
-            f"{document}MapFailed"
-        ), path
-        cancel_batch = cancel["ItemProcessor"]["States"][f"{document}MapFailedCancelBatch"]
-        assert cancel_batch["Resource"].endswith(":ssm:cancelCommand")
-        listing = found[f"{document}MapFailedListOtherBatches"]["Parameters"]["Filters"]
-        assert f"<{document}Document>" in json.dumps(listing) and "Executing" in json.dumps(listing)
-        retriers = found[f"{document}Send"]["Retry"]
-        assert retriers[0] == {"ErrorEquals": [INVALID_INSTANCE], "MaxAttempts": 0}, retriers
-
-
-def test_a_failed_read_of_the_nodes_is_caught_and_the_job_fails_naming_it(
-    template: dict[str, Any],
-) -> None:
-    """The wait for nodes of the definition, from PartitionGroup to DescribeFailure (no retry
-    left), with a ReadNodes whose batch's child execution fails, as any child can (a state's
-    data past 256 KiB, a runtime error): run in moto's interpreter made to fail the map run
-    as Step Functions does, the map's failure is caught and the job's failure names it.
-    Before, ReadNodes had no Catch: the execution failed with the map's error, no message of
-    its own."""
-    from moto import mock_aws
-
-    found = dict(states(machine_definition(template, placeholder_refs(template))))
-    names = ["PartitionGroup", "ReadNodes", "ReadNodesFailed", "RetryLeft", "DescribeFailure"]
-    chosen = {name: json.loads(json.dumps(found[name])) for name in names}
-    chosen["ReadNodes"]["ItemProcessor"]["StartAt"] = "BatchFails"
-    chosen["ReadNodes"]["ItemProcessor"]["States"] = {
-        "BatchFails": {"Type": "Fail", "Error": "BatchFailed", "Cause": "a batch's read failed"}
-    }
-    chosen["RetryLeft"]["Default"] = "NotRetried"  # a retry is left: not this test's path
-    chosen["NotRetried"] = {"Type": "Fail", "Error": "NotRetried"}
-    chosen["DescribeFailure"] = {**chosen["DescribeFailure"], "End": True}
-    del chosen["DescribeFailure"]["Next"]
-    given = {
-        "Job": {**JOB_DEFAULTS, "JobId": JOB_ID, "MaxRetries": 0},
-        "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
-        "ContinuedFrom": "",
-        "NodeWaits": {"Count": 0},
-        "Group": {"Ids": [f"i-{n:017x}" for n in range(NODES)]},
-    }
-    with (
-        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
-        jayway_json_paths(),
-        map_run_failures(),
-    ):
-        import boto3
-
+    template = default.templates["operations"]
+    found = machine_definition(template, placeholder_refs(template))["States"]
+    names = ["Defaults", "ReadJob", "ReadCounters", "ListRunningJobs", "OneJobAtATime",
+             "DescribeRefusal", "JobRefused"]  # fmt: skip
+    chosen = {name: found[name] for name in names}
+    # Where the job would go on: admitted, fresh (NotifyStart) or continued (ReadGroup).
+    chosen["NotifyStart"] = chosen["ReadGroup"] = {"Type": "Succeed"}
+    # An execution that only runs (stands for A, and for N) until the test ends.
+    chosen["Route"] = {"Type": "Choice", "Default": "Defaults", "Choices": [
+        {"Variable": "$.Hold", "IsPresent": True, "Next": "Hold"}]}  # fmt: skip
+    chosen["Hold"] = {"Type": "Wait", "Seconds": 600, "End": True}
+    machine = {"StartAt": "Route", "States": chosen}
+    original = aws_sdk.boto_client_for
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), jayway_json_paths():
         client = boto3.client("stepfunctions", region_name="us-east-1")
-        arn = client.create_state_machine(
-            name="read-nodes", definition=json.dumps({"StartAt": "PartitionGroup",
-                                                      "States": chosen}),
-            roleArn="arn:aws:iam::123456789012:role/read-nodes",
-        )["stateMachineArn"]  # fmt: skip
-        execution = client.start_execution(stateMachineArn=arn, input=json.dumps(given))
-        until(
-            lambda: (
-                client.describe_execution(executionArn=execution["executionArn"])["status"]
-                != "RUNNING"
-            ),
-            "the execution ended",
+        aws_sdk.boto_client_for = lambda region, service, *_, **__: SfnAsSdkIntegration(
+            boto3.client("stepfunctions", region_name=region)
         )
-        described = client.describe_execution(executionArn=execution["executionArn"])
-        assert described["status"] == "SUCCEEDED", described.get("cause")
-        why = json.loads(described["output"])["Why"]["Text"]
-    assert why.startswith("attempt 0 failed after 0 retries: ") and (
-        f"ReadNodes failed ({MAP_RUN_FAILED})" in why
-    ), why
+        try:
+            arn = client.create_state_machine(
+                name="race", definition=json.dumps(machine),
+                roleArn="arn:aws:iam::123456789012:role/race",
+            )["stateMachineArn"]  # fmt: skip
+
+            def run(name: str, given: dict[str, Any]) -> str:
+                return str(client.start_execution(
+                    stateMachineArn=arn, name=name, input=json.dumps(given)
+                )["executionArn"])  # fmt: skip
+
+            def status(execution: str) -> str:
+                return str(client.describe_execution(executionArn=execution)["status"])
+
+            handing_over = run("job-20261125-100000", {"Hold": True})
+            racing = run("other-20261125-100001", {"Hold": True})
+            running = client.list_executions(stateMachineArn=arn, statusFilter="RUNNING")
+            assert len(running["executions"]) == 2
+            counters = {"Retries": 0, "Legs": 1, "Attempts": 1}
+            successor = run("job-20261125-100002", {
+                "JobId": "job", "ContinuedFrom": handing_over, "Counters": counters})  # fmt: skip
+            fresh = run("third-20261125-100003", {"JobId": "third"})
+            for execution in (successor, fresh):
+                wait_for(lambda e=execution: status(e) != "RUNNING", 60, execution)
+            history = client.get_execution_history(executionArn=successor)["events"]
+            assert status(successor) == "SUCCEEDED", str(history[-3:])
+            refused = client.describe_execution(executionArn=fresh)
+            assert (refused["status"], refused["error"]) == ("FAILED", "JobAlreadyRunning")
+            for execution in (handing_over, racing):
+                client.stop_execution(executionArn=execution)
+        finally:
+            aws_sdk.boto_client_for = original
+
+
+# ------------------------------------------------------ a send that fails after acceptance
+
+
+@pytest.mark.slow
+def test_a_send_that_fails_after_ssm_accepted_it_is_followed_not_sent_again(
+    tmp_path: Path, default: Synth
+) -> None:
+    """SSM accepts the first RunTraining SendCommand (its nodes start it), then the call fails
+    (InternalServerError, one of SendCommand's errors in botocore's SSM model). The supervisor
+    does not send it again: it finds the command (ListCommands for the batch's first node since
+    the nodes were ready), follows it, and the job finishes with one RunTraining command.
+    Before, the task's Retry sent a second command, and the first ran on unfollowed."""
+    from scripts.rehearsal.ssm_stand_in import LocalError
+
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        send = cloud.ssm._ssm_SendCommand
+        failed: list[str] = []
+
+        def accepted_then_failed(params: dict[str, Any]) -> dict[str, Any]:
+            answer: dict[str, Any] = send(params)
+            if params["DocumentName"].endswith("RunTraining") and not failed:
+                failed.append(answer["Command"]["CommandId"])
+                raise LocalError("InternalServerError", "the request failed after acceptance")
+            return answer
+
+        cloud.ssm._ssm_SendCommand = accepted_then_failed  # type: ignore[method-assign]
+        execution = supervisor.start("sent-once", **SETTINGS)
+        commands = agents.wait_launched(nodes, 300)
+        assert set(commands) == set(failed)
+        agents.finish()
+        assert ended(supervisor, execution, 300) == "SUCCEEDED", supervisor.trace(execution)
+        training = [c for c in cloud.commands if cloud.commands[c].document.endswith("Training")]
+        assert training == failed, training
+        assert "RunTrainingSentAnyway" in supervisor.entered(execution)
+        assert subjects(cloud) == ["started", "finished"], subjects(cloud)
