@@ -337,7 +337,11 @@ def test_a_new_job_racing_a_hand_over_refuses_itself_and_never_ends_the_running_
         state_task_service_aws_sdk as aws_sdk,
     )
 
-    from scripts.rehearsal.supervisor import SfnAsSdkIntegration, jayway_json_paths
+    from scripts.rehearsal.supervisor import (
+        SfnAsSdkIntegration,
+        jayway_json_paths,
+        sdk_parameter_names,
+    )
 
     template = default.templates["operations"]
     found = machine_definition(template, placeholder_refs(template))["States"]
@@ -352,7 +356,11 @@ def test_a_new_job_racing_a_hand_over_refuses_itself_and_never_ends_the_running_
     chosen["Hold"] = {"Type": "Wait", "Seconds": 600, "End": True}
     machine = {"StartAt": "Route", "States": chosen}
     original = aws_sdk.boto_client_for
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), jayway_json_paths():
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        jayway_json_paths(),
+        sdk_parameter_names(),
+    ):
         client = boto3.client("stepfunctions", region_name="us-east-1")
         aws_sdk.boto_client_for = lambda region, service, *_, **__: SfnAsSdkIntegration(
             boto3.client("stepfunctions", region_name=region)
