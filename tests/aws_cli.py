@@ -11,19 +11,26 @@ put-metric-data's --metric-name), each value must convert to the member's type a
 botocore's parameter validation, and `--query` must compile with jmespath. A call that gets
 that far is stopped at botocore's `before-call` event, before anything is signed or sent.
 
+Where the fake answers a call, it hands the answer to the same CLI (AWS_CHECK_RESPONSE): the
+answer must fit the operation's output shape (botocore's ParamValidator, as its Stubber checks a
+response), and the CLI prints it through the call's own --query and --output, as it prints AWS's.
+
 A call the CLI refuses fails the fake with the CLI's own message and exit status 252, as AWS
 CLI v2 (the Neuron DLAMI's) reports "Command syntax was invalid, an unknown parameter was
 provided, or a parameter value was incorrect" (AWS CLI user guide, "Return codes"); AWS CLI v1
-itself exits 255 there. Options that only AWS CLI v2 knows (`--cli-binary-format`,
-`--no-cli-pager`) are refused here: the node scripts do not use them.
+itself exits 255 there. Two refusals are stricter than AWS CLI v1: an option abbreviated to a
+unique prefix (`--dimension` for `--dimensions`, which v1's argparse takes), and options only AWS
+CLI v2 knows (`--cli-binary-format`, `--no-cli-pager`); the node scripts use neither.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import functools
 import io
+import json
 import os
 import shutil
 import sys
@@ -35,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 USAGE_ERROR = 252
+#: The fake's own answer does not fit the operation's output shape: a defect of the test.
+ANSWER_ERROR = 1
 ASSET = "aws-cdk.asset-awscli-v1"
 
 
@@ -58,10 +67,11 @@ def awscli_path() -> Path:
 
 
 #: Runs the check; a call the CLI accepted once (the same words) is accepted again without
-#: starting it: the verdict depends on nothing else.
+#: starting it: the verdict depends on nothing else. With AWS_CHECK_RESPONSE set, it always
+#: runs, and prints the CLI's output of that response.
 CHECK_SCRIPT = """#!/usr/bin/env bash
 key=$(printf '%q ' "$@" | sha256sum | cut -d ' ' -f 1)
-[[ ! -f "{accepted}/$key" ]] || exit 0
+[[ -n ${AWS_CHECK_RESPONSE:-} || ! -f "{accepted}/$key" ]] || exit 0
 "{python}" "{checker}" "{awscli}" "$@" || exit
 touch "{accepted}/$key"
 """
@@ -91,9 +101,14 @@ class _Sent:
     headers: dict[str, str] = {}  # noqa: RUF012
 
 
-def check(root: str, argv: list[str]) -> int:
+def check(root: str, argv: list[str], response: str | None = None) -> int:
     """0 when the AWS CLI would send this call (or run it: a command with no API call),
-    USAGE_ERROR with the CLI's message on stderr when it refuses it."""
+    USAGE_ERROR with the CLI's message on stderr when it refuses it.
+
+    With `response` (JSON: the operation's answer, as boto3 returns it), the CLI prints that
+    answer as it prints AWS's, through --query and --output; the answer must be valid for the
+    operation's output shape in the CLI's botocore, as botocore's Stubber checks a response
+    (ANSWER_ERROR otherwise)."""
     sys.path.insert(0, root)
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CA_BUNDLE", "AWS_ENDPOINT_URL"):
         os.environ.pop(name, None)
@@ -103,22 +118,40 @@ def check(root: str, argv: list[str]) -> int:
         AWS_EC2_METADATA_DISABLED="true",
     )  # fmt: skip
     from awscli.clidriver import create_clidriver
+    from botocore.validate import ParamValidator
+
+    # argparse takes a unique prefix of an option (AWS CLI v1 leaves allow_abbrev on): an
+    # option here must be spelled out, as a script's should be.
+    argparse.ArgumentParser._get_option_tuples = lambda self, option_string: []  # type: ignore[method-assign]
 
     driver = create_clidriver()
     operations: list[str] = []
+    invalid: list[str] = []
 
     def stop(model: Any, **_: Any) -> tuple[_Sent, dict[str, Any]]:
         operations.append(f"{model.service_model.service_name}.{model.name}")
-        return _Sent(), {}
+        answer = json.loads(response) if response is not None else {}
+        report = ParamValidator().validate(answer, model.output_shape)
+        if response is not None and report.has_errors():
+            invalid.append(f"not a {model.name} response: {report.generate_report()}")
+        return _Sent(), answer
 
     driver.session.register("before-call", stop)
     sys.argv[0] = "aws"  # argparse names the program in its messages
     errors = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
+    output = io.StringIO() if response is None else sys.stdout
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(errors):
         try:
             status = driver.main(argv)
         except SystemExit as exit_:  # argparse: a missing argument, an invalid choice
             status = exit_.code
+    if invalid:
+        print(f"aws (fake): the test's answer to `aws {' '.join(argv)}` is {invalid[0]}",
+              file=sys.stderr)  # fmt: skip
+        return ANSWER_ERROR
+    if operations and response is not None:
+        sys.stderr.write(errors.getvalue())
+        return status if isinstance(status, int) else 1
     if operations or status == 0:
         return 0
     print(f"aws: the AWS CLI refuses `aws {' '.join(argv)}`: {reason(errors.getvalue())}",
@@ -137,9 +170,11 @@ def reason(stderr: str) -> str:
     first = lines[0]
     if first.endswith("valid choices are:"):
         hint = [line for line in lines if line.startswith(("Invalid choice:", "* "))]
+        if not hint:  # no near match: the CLI names none
+            return first.removesuffix(", valid choices are:")
         return " ".join([first.removesuffix("Invalid choice, valid choices are:").strip(), *hint])
     return " ".join(lines) if first.startswith("Bad value for --query") else first
 
 
 if __name__ == "__main__":
-    sys.exit(check(sys.argv[1], sys.argv[2:]))
+    sys.exit(check(sys.argv[1], sys.argv[2:], os.environ.get("AWS_CHECK_RESPONSE")))

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.iam_actions import CallRecorder, checked
+
 # Under TRAINIUM_CLUSTER_REQUIRE_ALL=1 (.ci/run) a skip for want of a tool fails (tests/skips.py).
 from tests.skips import pytest_make_collect_report, pytest_runtest_makereport
 
@@ -50,3 +52,18 @@ def aws(monkeypatch: pytest.MonkeyPatch, loader: Any) -> Iterator[Any]:
     from tests.cluster_support import fake_aws
 
     yield from fake_aws(monkeypatch, loader)
+
+
+@pytest.fixture(scope="session")
+def cli_calls() -> Iterator[CallRecorder]:
+    """Every AWS operation the operator CLI's clients are asked for (tests/iam_actions.py)."""
+    recorder = CallRecorder()
+    with pytest.MonkeyPatch.context() as patch:
+        recorder.install(patch)
+        yield recorder
+
+
+@pytest.fixture(autouse=True)
+def _cli_calls_are_listed(cli_calls: CallRecorder) -> Iterator[None]:
+    """A test whose CLI calls need an IAM action docs/security.md does not list fails."""
+    yield from checked(cli_calls)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.aws_cli import check_command
 from tests.node_support import FakeNode
 from tests.test_bootstrap import fake_aws, refused_calls
 
@@ -76,6 +77,9 @@ def test_a_call_the_cli_would_send_passes(node: FakeNode, args: list[str]) -> No
         (["cloudwatch", "put-metric-data", *METRIC, "--value", "one"], "ConversionSyntax"),
         (["cloudwatch", "put-metric-data", *METRIC, "--dimensions", "ClusterName",
           "--value", "1"], "not enough values to unpack"),
+        # Spelled out, never a prefix (AWS CLI v1's argparse would take a unique one).
+        (["cloudwatch", "put-metric-data", *METRIC, "--dimension", "ClusterName=c",
+          "--value", "1"], "Unknown options: --dimension, ClusterName=c"),
         (["autoscaling", "describe-auto-scaling-instances", "--query", "AutoScalingInstances[0].["],
          "Bad value for --query AutoScalingInstances[0].[: Invalid jmespath expression"),
         (["autoscaling", "describe-auto-scaling-instances", "--output", "txt"],
@@ -94,3 +98,44 @@ def test_a_call_the_cli_refuses_fails_with_its_reason(
     assert reason in line, line
     assert refused_calls(node) == [line]
     assert node.calls() == [f"aws {' '.join([*GLOBAL, *args])}"]
+
+
+def describe(node: FakeNode, query: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["aws", *GLOBAL, "autoscaling", "describe-auto-scaling-instances", "--instance-ids",
+         "i-0123456789abcdef0", "--query", query, "--output", "text"],
+        capture_output=True, text=True, env=node.env(**env), timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "query", "printed"),
+    [
+        ({"FAKE_ASG": "nodes", "FAKE_LT_VERSION": "7"}, QUERY, "nodes\t7\n"),
+        # An instance in no group: DescribeAutoScalingInstances answers an empty list.
+        ({}, QUERY, "None\n"),
+        ({"FAKE_ASG": "nodes"}, QUERY, "nodes\tNone\n"),
+        # A query that names a member the answer lacks prints None, as on AWS.
+        ({"FAKE_ASG": "nodes", "FAKE_LT_VERSION": "7"},
+         "AutoScalingInstances[0].[AutoScalingGroup,LaunchTemplate.Version]", "None\t7\n"),
+    ],
+)  # fmt: skip
+def test_the_answer_is_printed_by_the_cli_through_the_query(
+    node: FakeNode, env: dict[str, str], query: str, printed: str
+) -> None:
+    result = describe(node, query, **env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == printed
+
+
+def test_an_answer_that_is_not_the_operations_output_shape_fails(node: FakeNode) -> None:
+    """The fake's answer is checked as botocore's Stubber checks a response."""
+    answer = '{"AutoScalingInstances": [{"AutoScalingGroupName": "nodes"}]}'
+    node.tool("aws-answer", f"#!/bin/sh\nAWS_CHECK_RESPONSE='{answer}' {check_command()} \"$@\"\n")
+    result = subprocess.run(
+        ["aws-answer", *GLOBAL, "autoscaling", "describe-auto-scaling-instances"],
+        capture_output=True, text=True, env=node.env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "instances` is not a DescribeAutoScalingInstances response" in result.stderr
+    assert 'Missing required parameter in AutoScalingInstances[0]: "InstanceId"' in result.stderr

@@ -113,7 +113,17 @@ case "$*" in
       echo "$FAKE_DESCRIBE_ERROR" >&2
       exit 254
     fi
-    printf '%s\\t%s\\n' "${FAKE_ASG:-None}" "${FAKE_LT_VERSION:-None}" ;;
+    # The CLI prints the answer through bootstrap's own --query and --output.
+    template="" instances=""
+    lt='"LaunchTemplateId": "lt-0123456789abcdef0", "LaunchTemplateName": "trainium-nodes"'
+    [[ -z ${FAKE_LT_VERSION:-} ]] ||
+      printf -v template ', "LaunchTemplate": {%s, "Version": "%s"}' "$lt" "$FAKE_LT_VERSION"
+    instance='{"InstanceId": "%s", "AutoScalingGroupName": "%s", "AvailabilityZone": "us-east-1a",'
+    instance+=' "LifecycleState": "Pending:Wait", "HealthStatus": "HEALTHY",'
+    instance+=' "ProtectedFromScaleIn": false%s}'
+    [[ -z ${FAKE_ASG:-} ]] ||
+      printf -v instances "$instance" "${FAKE_INSTANCE:-i-0}" "$FAKE_ASG" "$template"
+    AWS_CHECK_RESPONSE="{\\"AutoScalingInstances\\": [$instances]}" @CHECK@ "$@" ;;
   *complete-lifecycle-action*)
     if [[ -n ${FAKE_LIFECYCLE_ERROR:-} ]]; then
       echo "$FAKE_LIFECYCLE_ERROR" >&2
