@@ -19,7 +19,8 @@ The job supervisor (stacks/supervisor_workflow.py; the state names below are its
   they poll in the same second): <Doc>Poll (ssm:ListCommands) and <Doc>Nodes
   (autoscaling:DescribeAutoScalingInstances);
 - the end of an attempt (each child): <Doc>CancelRest (ssm:CancelCommand, after a failure),
-  <Doc>Results (ssm:ListCommandInvocations), and in PreflightEachInvocation
+  <Doc>Results and <Doc>ResultsPage (ssm:ListCommandInvocations, invocation_pages of them: a
+  page of INVOCATIONS_PAGE invocations with their output at a time), and in PreflightEachInvocation
   PreflightMarkUnhealthy (autoscaling:SetInstanceHealth) for each node whose preflight exits 3; in
   the job's execution ListStopCommands (ssm:ListCommands) after a failure, a notification
   (sns:Publish) and StartSuccessor (states:StartExecution) for a retry or a leg;
@@ -63,7 +64,13 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from stacks.supervisor_limits import SEND_BATCH, TAGGED_PER_NODE, batches, tag_pages
+from stacks.supervisor_limits import (
+    SEND_BATCH,
+    TAGGED_PER_NODE,
+    batches,
+    invocation_pages,
+    tag_pages,
+)
 
 #: The ReadNodes Distributed Map's MaxConcurrency (stacks/supervisor_group.py READ_CONCURRENCY;
 #: tests/test_api_rates.py reads it from the synthesized definition).
@@ -84,12 +91,13 @@ NODE_WAIT_STATES, TAG_PAGE_STATES, READ_CHILD_STATES = 9, 4, 4
 POLL_STATES = 5
 #: The most states one invocation's classification enters (PreflightClassify, PreflightPlugin,
 #: PreflightByCode, PreflightMarkUnhealthy, PreflightReplaced; RunTraining's has no
-#: MarkUnhealthy), and what a child enters around its classification at most: a node gone, the
+#: MarkUnhealthy); what a child enters around its classification at most: a node gone, the
 #: grace and the cancel (<Doc>NodeGone, <Doc>GraceStarts, <Doc>WaitGrace, <Doc>CancelRest,
-#: <Doc>Cancelled), <Doc>Results, <Doc>EachInvocation, <Doc>BatchResult, <Doc>ManyCauses and
-#: <Doc>FirstCauses.
+#: <Doc>Cancelled), <Doc>NoResultsYet, <Doc>BatchResult, <Doc>ManyCauses and <Doc>FirstCauses;
+#: and per page of invocations <Doc>Results (or <Doc>ResultsPage), <Doc>EachInvocation,
+#: <Doc>AddResultsPage, <Doc>JoinResultsPage and <Doc>MoreResults.
 CLASSIFY_STATES = {"Preflight": 5, "RunTraining": 4}
-CHILD_END_STATES = 10
+CHILD_END_STATES, RESULTS_PAGE_STATES = 9, 5
 #: The job's execution from an attempt's end to its successor's start, at most (TrainingOutcome,
 #: StopFilter, StopFilters, ListStopCommands, AnyStopCommand, StopCommandJobs, StopMatched,
 #: WasStopped, RetryLeft, CountRetry, DescribeRetry, NotifyRetry, WaitBeforeRetry, HandOver,
@@ -273,8 +281,11 @@ def attempt_end(node_count: int, document: str) -> Counter[str]:
     calls = Counter(
         {
             "ssm:CancelCommand": n,
-            "ssm:ListCommandInvocations": n,
-            TRANSITIONS: (CHILD_END_STATES * n + CLASSIFY_STATES[document] * node_count),
+            "ssm:ListCommandInvocations": n * invocation_pages(),
+            TRANSITIONS: (
+                (CHILD_END_STATES + RESULTS_PAGE_STATES * invocation_pages()) * n
+                + CLASSIFY_STATES[document] * node_count
+            ),
         }
     )
     if document == "Preflight":

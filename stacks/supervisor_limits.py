@@ -34,8 +34,9 @@ HISTORY_EVENTS = 25_000
 #: SetInstanceHealth). tests/test_supervisor.py counts RunTraining's in a child's history.
 EVENTS_PER_NODE = 15
 #: The rest of a batch's child execution: its start and end, SendCommand, the grace and the
-#: cancel once a node has ended (13), ListCommandInvocations, the classification Map's own
-#: events and the batch's result (31 in all), with room for the Task retries that throttling
+#: cancel once a node has ended (13), and per page of INVOCATIONS_PAGE invocations
+#: ListCommandInvocations, the classification Map's own events and the page's join (15), then
+#: the batch's result (54 in all at two pages), with room for the Task retries that throttling
 #: causes (3 events each).
 CHILD_OTHER_EVENTS = 500
 #: Everything else one attempt writes in the job's execution: the start, reading the group and
@@ -74,6 +75,16 @@ POLL_LIMIT_MARGIN = 600
 DEFAULT_POLL_SECONDS = 300
 #: SendCommand takes at most 50 instance IDs (SSM API reference): one child execution each.
 SEND_BATCH = 50
+#: A batch's child reads its invocations with their output (Details) this many at a time and
+#: classifies each page before it reads the next (stacks/supervisor_results.py): at 2,500
+#: characters of Output each (the SSM agent's limit), a page is about 72 KB of the state's
+#: 256 KiB, and a batch's end takes invocation_pages ListCommandInvocations calls.
+INVOCATIONS_PAGE = 25
+
+
+def invocation_pages() -> int:
+    """The ListCommandInvocations pages a batch of SEND_BATCH nodes reads at its end."""
+    return math.ceil(SEND_BATCH / INVOCATIONS_PAGE)
 
 
 def batches(node_count: int) -> int:

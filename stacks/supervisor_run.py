@@ -44,6 +44,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from stacks.config import CLUSTER_TAG_KEY
 from stacks.supervisor_limits import POLL_LIMIT_MARGIN, SEND_BATCH
 from stacks.supervisor_outcomes import map_failed
+from stacks.supervisor_results import read_and_classify
 from stacks.supervisor_tasks import SupervisorTasks
 
 #: preflight.sh exits with this status on a fault no retry on the node fixes (a Neuron hardware
@@ -106,31 +107,20 @@ def run_on_every_node(
     States.Format template of the job ID and the attempt."""
     hosts = sfn.JsonPath.array(sfn.JsonPath.string_at("$.Hosts"))
     send = _send(t, document, {"Hosts": hosts, **parameters}, comment)
-    results = _follow(t, document, send)
-    each = sfn.Map(
-        t.scope,
-        f"{document}EachInvocation",
-        items_path="$.Results.Invocations",
-        # Each invocation with the IDs of the batch's nodes that still ran at the last poll.
-        item_selector={
-            "Invocation": sfn.JsonPath.object_at("$$.Map.Item.Value"),
-            "Running": sfn.JsonPath.list_at("$.Alive.Ids"),
-        },
-        result_path="$.Classes",
-    )
-    each.item_processor(_classify(t, document))
-    results.next(each).next(
+    start, done = read_and_classify(t, document, _classify(t, document))
+    _follow(t, document, send, start)
+    done.otherwise(
         sfn.Pass(
             t.scope,
             f"{document}BatchResult",
             parameters={
                 "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
-                "Classes": sfn.JsonPath.list_at("$.Classes[*].Class"),
+                "Classes": sfn.JsonPath.list_at("$.Sorted.Classes[*].Class"),
                 # Ok and leg carry no cause; a wildcard leaves out what is absent.
-                "Causes": sfn.JsonPath.list_at("$.Classes[*].Cause"),
+                "Causes": sfn.JsonPath.list_at("$.Sorted.Classes[*].Cause"),
             },
-        )
-    ).next(_first_causes(t, document))
+        ).next(_first_causes(t, document))
+    )
     batches = sfn.DistributedMap(
         t.scope,
         f"{document}Batches",
@@ -293,11 +283,11 @@ def _find_sent(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sf
     return found
 
 
-def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.TaskStateBase:
+def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results: sfn.State) -> None:
     """The poll loop after `send`: wait, ListCommands, which of the batch's nodes still run, and
-    once the command has ended, its invocations (<Document>Results, returned). Once one node has
-    ended, or its instance no longer runs, the others may run on for FailureGraceSeconds before
-    the rest of the command is cancelled."""
+    once the command has ended, its invocations (`results`: supervisor_results.py). Once one
+    node has ended, or its instance no longer runs, the others may run on for
+    FailureGraceSeconds before the rest of the command is cancelled."""
     p = document
     wait = sfn.Wait(t.scope, f"{p}Wait", time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"))
     command_id = {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")}
@@ -346,17 +336,6 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
     cancelled = sfn.Pass(t.scope, f"{p}Cancelled", result=sfn.Result.from_boolean(True),
                          result_path="$.Cancelled")  # fmt: skip
     others, others_end = _cancel_other_batches(t, document)
-    results = t.sdk(
-        f"{p}Results",
-        "ssm",
-        "listCommandInvocations",
-        # One page: a batch holds at most 50 invocations.
-        {**command_id, "Details": True, "MaxResults": SEND_BATCH},
-        ["*"],
-        iam_action="ssm:ListCommandInvocations",
-        result_selector={"Invocations": sfn.JsonPath.list_at("$.CommandInvocations")},
-        result_path="$.Results",
-    )
     node_gone = sfn.Condition.number_less_than_json_path(
         "$.Alive.Count", "$.Poll.Command.TargetCount"
     )
@@ -403,7 +382,6 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase) -> sfn.T
     too_long.add_catch(results, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
     too_long.next(results)
     others_end.next(cancelled).next(wait)
-    return results
 
 
 def execution_timeout(content: dict[str, Any]) -> int:

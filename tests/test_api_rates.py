@@ -6,6 +6,7 @@ changes what a loop calls."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,12 @@ from scripts.cluster_lib.executions import MAX_LISTED
 from scripts.rehearsal.supervisor import definition as machine_definition
 from stacks import api_rates as rates
 from stacks import supervisor_group
-from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, min_poll_seconds
+from stacks.supervisor_limits import (
+    DEFAULT_POLL_SECONDS,
+    SEND_BATCH,
+    invocation_pages,
+    min_poll_seconds,
+)
 from tests.cdk_support import synth
 from tests.test_supervisor import placeholder_refs, states
 
@@ -74,13 +80,13 @@ def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
     expected = {
         64: {"ssm:SendCommand": 2, "ssm:ListCommands": 3, "ec2:DescribeTags": 1,
              "autoscaling:DescribeAutoScalingInstances": 5, "ec2:DescribeNetworkInterfaces": 3,
-             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 356},
+             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 374},
         256: {"ssm:SendCommand": 6, "ssm:ListCommands": 7, "ec2:DescribeTags": 2,
               "autoscaling:DescribeAutoScalingInstances": 17, "ec2:DescribeNetworkInterfaces": 11,
-              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1384},
+              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1438},
         1024: {"ssm:SendCommand": 21, "ssm:ListCommands": 22, "ec2:DescribeTags": 5,
                "autoscaling:DescribeAutoScalingInstances": 62, "ec2:DescribeNetworkInterfaces": 41,
-               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 5479},
+               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 5668},
     }  # fmt: skip
     for nodes, figures in expected.items():
         for poll in (MIN_POLL[nodes], DEFAULT_POLL_SECONDS):
@@ -89,7 +95,8 @@ def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
     worst = rates.worst_minute(1024, MIN_POLL[1024])
     assert worst[rates.CHILD_START] == 62 and worst["states:StartExecution"] == 1
     assert worst["states:ListExecutions"] == 1 and worst["sns:Publish"] == 2
-    assert worst["ssm:CancelCommand"] == worst["ssm:ListCommandInvocations"] == 21
+    # A batch's end reads its invocations in two pages of 25 (supervisor_limits.INVOCATIONS_PAGE).
+    assert worst["ssm:CancelCommand"] == 21 and worst["ssm:ListCommandInvocations"] == 42
 
 
 def test_the_steady_minute_falls_with_poll_seconds() -> None:
@@ -175,6 +182,17 @@ def test_the_model_counts_what_the_definition_calls(found: dict[str, dict[str, A
         assert sdk_calls(found, ends) == [
             "ssm:cancelCommand", "ssm:listCommandInvocations", "ssm:sendCommand",
         ]  # fmt: skip
+        # A batch's invocations, a page at a time: each page read, classified and joined to
+        # the classes so far, until no NextToken is left.
+        page = [f"{doc}{s}" for s in ("ResultsPage", "EachInvocation", "AddResultsPage",
+                                      "JoinResultsPage", "MoreResults")]  # fmt: skip
+        assert [found[s]["Next"] for s in page[:-1]] == page[1:], page
+        assert found[page[-1]]["Choices"][0]["Next"] == page[0]
+        assert len(page) == rates.RESULTS_PAGE_STATES
+        assert sdk_calls(found, page) == ["ssm:listCommandInvocations"]
+        size = found[f"{doc}Results"]["Parameters"]["MaxResults"]
+        assert size == found[f"{doc}ResultsPage"]["Parameters"]["MaxResults"]
+        assert math.ceil(SEND_BATCH / size) == invocation_pages() == 2
     wait = loop(found, "WaitForNodes")
     assert len(wait) == rates.NODE_WAIT_STATES, wait
     assert sdk_calls(found, wait) == ["ec2:describeTags"]

@@ -991,7 +991,12 @@ def test_the_outcome_of_1024_nodes_that_all_failed_fits_in_a_state(default: Synt
     for number, batch in enumerate(batches):
         child = {
             "Command": {"CommandId": f"{number:08d}-0000-4000-8000-000000000000"},
-            "Classes": [{"Class": "bad", "Cause": template_gone.replace("{}", i)} for i in batch],
+            # Every page's classes, joined (supervisor_results.py).
+            "Sorted": {
+                "Classes": [
+                    {"Class": "bad", "Cause": template_gone.replace("{}", i)} for i in batch
+                ]
+            },
         }
         out = run_states(found, "RunTrainingBatchResult", "RunTrainingBatchResult", child)
         result = json.loads(out["RunTrainingBatchResult"])
