@@ -29,6 +29,12 @@ AGENT_FOLDERS = ("jobs", "precompile")
 Event = dict[str, Any]
 
 
+def _messages(text: str) -> list[str]:
+    """The log events a text becomes: its lines, less the empty ones, which no agent can send
+    (PutLogEvents' InputLogEvent.message has a minimum length of 1, botocore's logs model)."""
+    return [line for line in text.splitlines() if line]
+
+
 class LogsStandIn:
     """DescribeLogStreams, GetLogEvents and FilterLogEvents over the commands' output files
     and the nodes' job logs."""
@@ -66,7 +72,7 @@ class LogsStandIn:
                         continue
                     self._offsets[newest] = offset + len(whole)
                     events = self._shipped.setdefault(f"{instance.instance_id}/{folder}", [])
-                    for line in whole.decode(errors="replace").splitlines():
+                    for line in _messages(whole.decode(errors="replace")):
                         events.append({"timestamp": stamp, "message": line, "ingestionTime": stamp})
 
     def _streams(self, group: str) -> dict[str, Path | list[Event]]:
@@ -104,7 +110,7 @@ class LogsStandIn:
         if isinstance(source, list):
             return source
         stamp = int(source.stat().st_mtime * 1000)
-        lines = source.read_text(errors="replace").splitlines()
+        lines = _messages(source.read_text(errors="replace"))
         return [{"timestamp": stamp, "message": line, "ingestionTime": stamp} for line in lines]
 
     @staticmethod
