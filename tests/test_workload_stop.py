@@ -91,6 +91,9 @@ scenarios = {
 }
 with open(out / f"rank-{rank}.json", "w") as f:
     json.dump({"late_join": late_join, "gathered": gathered, "stops": scenarios}, f)
+# Every rank past its last collective before any tears its pairs down: a rank that exits while
+# a peer's gloo transport still works on the last vote can abort it ("terminate called").
+dist.barrier()
 dist.destroy_process_group()
 """
 
