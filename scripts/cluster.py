@@ -152,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="do not print rank 0's output")
 
     jobs = sub.add_parser(
-        "jobs", parents=[common], help="current and past jobs: status, attempts, step, accuracy"
+        "jobs",
+        parents=[common],
+        help="current and past jobs: status, attempts, step, rate, ETA, metrics",
     )
     jobs.add_argument("--limit", type=int, default=10, help="newest N jobs (default: 10)")
 

@@ -465,6 +465,8 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
         f"{node.logs}/bootstrap.log": "{instance_id}/bootstrap",
         f"{node.logs}/jobs/*.log": "{instance_id}/jobs",
         f"{node.logs}/precompile/*.log": "{instance_id}/precompile",
+        # The jobs' metrics files (launch.sh TRAINIUM_METRICS_FILE), which `jobs` reads.
+        f"{node.logs}/metrics/*.jsonl": "{instance_id}/metrics",
     }
     assert config["metrics"]["namespace"] == "TrainiumCluster/trainium"
     assert config["metrics"]["metrics_collected"]["disk"]["resources"] == [

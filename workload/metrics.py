@@ -4,6 +4,13 @@
 ``train`` (step, loss, lr, samples_per_second, tokens_per_second, ...), ``eval`` (step,
 eval_loss, eval_accuracy), ``resume`` (step, checkpoint) and a final ``summary``. The
 same numbers go to TensorBoard under ``OUTPUT/tensorboard``. Only rank 0 writes.
+
+Under the cluster, ``train`` and ``eval`` events also go to the file ``TRAINIUM_METRICS_FILE``
+names (launch.sh sets it on every node; rank 0 writes), in the progress schema every entry
+point shares (docs/job-contract.md; checked by scripts/cluster_lib/progress.py): ``step``,
+``total_steps``, ``time``, ``phase`` (training, evaluating) and ``metrics`` (name -> finite
+number). ``cluster.py jobs`` shows the step, the step rate, the time left and those metrics
+from it.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +27,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+#: The job's progress file under the cluster (launch.sh), and the phase of each event in it.
+PROGRESS_VARIABLE = "TRAINIUM_METRICS_FILE"
+PROGRESS_PHASES = {"train": "training", "eval": "evaluating"}
 
 
 def _clean(value: Any) -> Any:
@@ -40,10 +51,20 @@ class MetricsLogger:
         self._file = None
         self._tensorboard: Any = None
         self._bar: Any = None
+        self._progress_file: Any = None
+        self.total_steps = total_steps
         if not enabled:
             return
         output.mkdir(parents=True, exist_ok=True)
         self._file = (output / METRICS_FILE).open("a", encoding="utf-8")
+        progress = os.environ.get(PROGRESS_VARIABLE, "")
+        if progress:
+            try:
+                Path(progress).parent.mkdir(parents=True, exist_ok=True)
+                # Open for the logger's life, as its own file: close() closes it.
+                self._progress_file = Path(progress).open("a", encoding="utf-8")  # noqa: SIM115
+            except OSError as error:
+                log.warning("no progress for `cluster.py jobs`: %s: %s", progress, error)
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -64,12 +85,35 @@ class MetricsLogger:
         record = _clean({"event": event, "time": round(time.time(), 3), **fields})
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        if self._progress_file is not None and event in PROGRESS_PHASES:
+            self._write_progress(event, record)
         step = fields.get("step")
         if self._tensorboard is not None and isinstance(step, int):
             for key, value in fields.items():
                 numeric = isinstance(value, int | float) and not isinstance(value, bool)
                 if key != "step" and numeric and math.isfinite(value):
                     self._tensorboard.add_scalar(f"{event}/{key}", value, step)
+
+    def _write_progress(self, event: str, record: dict[str, Any]) -> None:
+        """One line of the progress schema (docs/job-contract.md) from a train or eval
+        record: its numeric fields (none that is null or not finite) as the metrics."""
+        assert self._progress_file is not None
+        metrics = {
+            key: value
+            for key, value in record.items()
+            if key not in ("event", "time", "step")
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+        }
+        line = {
+            "step": record["step"],
+            "total_steps": self.total_steps,
+            "time": record["time"],
+            "phase": PROGRESS_PHASES[event],
+            "metrics": metrics,
+        }
+        self._progress_file.write(json.dumps(line, allow_nan=False) + "\n")
+        self._progress_file.flush()
 
     def progress(self, step: int, text: str, *, keep: bool = False) -> None:
         """Advance the bar to ``step`` showing ``text`` (printed above the bar when
@@ -98,3 +142,6 @@ class MetricsLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._progress_file is not None:
+            self._progress_file.close()
+            self._progress_file = None

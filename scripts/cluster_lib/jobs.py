@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,7 +37,8 @@ from scripts.cluster_lib.executions import (
     job_of,
 )
 from scripts.cluster_lib.fleet import Node
-from scripts.cluster_lib.logs import LogFollower, job_output_window, job_stream
+from scripts.cluster_lib.logs import LogFollower, job_output_window, metrics_stream
+from scripts.cluster_lib.progress import Progress, read, summarize
 from stacks import supervisor_limits as limits
 
 #: The failure names the state machine ends with (stacks/supervisor.py).
@@ -47,9 +47,8 @@ MIXED_FLEET = "NodesRunDifferentSoftware"
 #: `stop` lists the job's running executions again after this many seconds (a successor that
 #: an execution started just before it was stopped), at most STOP_ROUNDS times.
 HANDOVER_SECONDS, STOP_ROUNDS = 2.0, 5
-#: What the trainer prints on rank 0 (workload/train.py progress lines).
-STEP_LINE = re.compile(r"\bstep (?P<step>[0-9]+)/(?P<total>[0-9]+) loss ")
-EVAL_LINE = re.compile(r"\beval at step (?P<step>[0-9]+): loss \S+ accuracy (?P<accuracy>[0-9.]+)")
+#: The lines of rank 0's metrics stream `jobs` reads per job (progress.py summarize).
+METRICS_EVENTS = 100
 #: States worth a line of their own while following (the rest shows in notifications).
 #: The states that read the group while the supervisor waits for nodes (stacks/
 #: supervisor_workflow.py, wait_for_nodes): passing through them is not news.
@@ -87,8 +86,8 @@ class JobRow:
     attempts: str = "-"
     retries: str = "-"
     legs: str = "-"
-    step: str = "-"
-    accuracy: str = "-"
+    #: The step of the total, step rate, time left and the job's own metrics (progress.py).
+    progress: Progress = field(default_factory=Progress)
     execution: str = ""
     #: What happened, oldest first: each retry with its causes, each new leg, each long wait
     #: for nodes, and the failure that ended the job (story_of).
@@ -360,8 +359,8 @@ class Jobs:
 
     # ------------------------------------------------------------------ listing
     def rows(self, limit: int = 10) -> list[JobRow]:
-        """The newest `limit` jobs with status, duration, attempts and the last step and
-        accuracy rank 0 reported (where its node and output are still there). A job that its
+        """The newest `limit` jobs with status, duration, attempts and the progress rank 0
+        reported in its metrics file (where its node and output are still there). A job that its
         supervisor handed over from execution to execution is one row: the status and
         counters of the newest execution, the time since the oldest one started, and under it
         why each execution handed the job over or ended it (story_of)."""
@@ -398,24 +397,21 @@ class Jobs:
                 if node is not None:
                     window = job_output_window(command, latest.values())
                     with contextlib.suppress(*UNKNOWN_FIELD):
-                        row.step, row.accuracy = self._progress(node, window)
+                        row.progress = self._progress(node, window)
             rows.append(row)
         return rows
 
-    def _progress(self, node: Node, window: tuple[int, int | None]) -> tuple[str, str]:
-        """The last step and evaluation accuracy in rank 0's job output over a command's
-        time `window` (its node's job-log stream, logs.py job_output_window; bounded here by
-        the next job's latest attempt, which `latest_commands_by_job` gives)."""
+    def _progress(self, node: Node, window: tuple[int, int | None]) -> Progress:
+        """Rank 0's progress over a command's time `window`: the last METRICS_EVENTS lines of
+        its node's metrics stream (the job's TRAINIUM_METRICS_FILE, which the CloudWatch agent
+        ships; logs.py job_output_window bounds it by the next job's latest attempt). Lines
+        that break the schema (progress.py) are skipped."""
         log_group = self.cluster.outputs()["TrainingLogGroupName"]
-        step, accuracy = "-", "-"
-        logs = self.cluster.logs
-        for name in [job_stream(node.instance_id)]:
-            for event in logs.last_events(log_group, name, 500, window):
-                for found in STEP_LINE.finditer(event["message"]):
-                    step = f"{found['step']}/{found['total']}"
-                for found in EVAL_LINE.finditer(event["message"]):
-                    accuracy = f"{found['accuracy']} (step {found['step']})"
-        return step, accuracy
+        events = self.cluster.logs.last_events(
+            log_group, metrics_stream(node.instance_id), METRICS_EVENTS, window
+        )
+        records, _ = read(event["message"] for event in events)
+        return summarize(records)
 
     # ----------------------------------------------------------------- stopping
     def stop(self, job_id: str) -> list[str]:
@@ -453,12 +449,14 @@ class Detached(Exception):
 def rows_text(rows: list[JobRow]) -> Iterator[str]:
     yield (
         f"{'JOB':<24} {'STATUS':<10} {'STARTED (UTC)':<16} {'DURATION':>8} {'ATTEMPTS':>8} "
-        f"{'RETRIES':>7} {'LEGS':>4} {'STEP':>12}  ACCURACY"
+        f"{'RETRIES':>7} {'LEGS':>4} {'STEP':>12} {'RATE':>8} {'ETA':>8}  METRICS"
     )
     for r in rows:
+        p = r.progress
         yield (
             f"{r.job_id:<24} {r.status:<10} {r.started:%Y-%m-%d %H:%M} {r.duration:>8} "
-            f"{r.attempts:>8} {r.retries:>7} {r.legs:>4} {r.step:>12}  {r.accuracy}"
+            f"{r.attempts:>8} {r.retries:>7} {r.legs:>4} {p.step:>12} {p.rate:>8} {p.eta:>8}  "
+            f"{p.metrics}"
         )
         for line in r.story:
             yield f"    {line}"

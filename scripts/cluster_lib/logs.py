@@ -39,6 +39,12 @@ def job_stream(instance_id: str, document: str = "RunTraining") -> str:
     return f"{instance_id}/{JOB_OUTPUT_FOLDERS[document]}"
 
 
+def metrics_stream(instance_id: str) -> str:
+    """The CloudWatch agent's stream of a node's job metrics files (launch.sh's
+    TRAINIUM_METRICS_FILE, scripts/cluster_lib/progress.py): `<instance-id>/metrics`."""
+    return f"{instance_id}/metrics"
+
+
 def millis(moment: datetime) -> int:
     """A time as CloudWatch Logs counts it: milliseconds since the epoch."""
     return int(moment.timestamp() * 1000)

@@ -763,7 +763,9 @@ phase_monitoring() {
   disks="\"/\", \"$FSX_MOUNT_POINT\"${NODE_VALUES[SCRATCH]:+, \"${NODE_VALUES[SCRATCH]}\"}"
   # The agent ships only the newest file that a wildcard matches (CloudWatch agent user guide,
   # "file_path"): precompile's logs get an entry and a stream of their own, so that a
-  # precompile and the job after it do not take turns in one stream.
+  # precompile and the job after it do not take turns in one stream. A job's metrics file
+  # (launch.sh TRAINIUM_METRICS_FILE, one JSON object a line: docs/job-contract.md) goes to
+  # <instance-id>/metrics, which `cluster.py jobs` reads.
   config=$(
     cat <<JSON
 {
@@ -776,7 +778,9 @@ phase_monitoring() {
       {"file_path": "$LOG_DIR/jobs/*.log", "log_group_name": "$TRAINING_LOG_GROUP",
        "log_stream_name": "{instance_id}/jobs"},
       {"file_path": "$LOG_DIR/precompile/*.log", "log_group_name": "$TRAINING_LOG_GROUP",
-       "log_stream_name": "{instance_id}/precompile"}
+       "log_stream_name": "{instance_id}/precompile"},
+      {"file_path": "$LOG_DIR/metrics/*.jsonl", "log_group_name": "$TRAINING_LOG_GROUP",
+       "log_stream_name": "{instance_id}/metrics"}
     ]}}
   },
   "metrics": {

@@ -108,6 +108,18 @@ leg="$(date +%s)-$$"
 LEFTOVER_GRACE=60
 export TRAINIUM_JOB_ID="$job_id" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" TRAINIUM_NODE_RANK="$NODE_RANK"
 export TRAINIUM_LEG="$leg"
+# The job's contract (docs/job-contract.md): where rank 0 writes its progress, one JSON object
+# a line, which the CloudWatch agent ships to <instance-id>/metrics for `cluster.py jobs`
+# (a precompile's graph-only steps are no progress); and the unix second at which the leg's
+# SIGTERM comes (0: no time limit), the timer's below: the script's start + limit - grace.
+if [[ $log_folder == jobs ]]; then
+  export TRAINIUM_METRICS_FILE="$LOG_DIR/metrics/$job_id.jsonl"
+fi
+TRAINIUM_LEG_DEADLINE=0
+if ((time_limit > 0)); then
+  TRAINIUM_LEG_DEADLINE=$(($(date +%s) - SECONDS + time_limit - stop_grace))
+fi
+export TRAINIUM_LEG_DEADLINE
 
 command=(torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK"
   --master_addr "${HOSTS[0]}" --master_port "$MASTER_PORT" --nproc_per_node "$NPROC"
@@ -126,6 +138,10 @@ fi
 require_ready
 activate_python
 mkdir -p "$output_dir/logs"
+if [[ -n ${TRAINIUM_METRICS_FILE:-} ]]; then
+  mkdir -p "${TRAINIUM_METRICS_FILE%/*}" 2>/dev/null ||
+    log "no progress for cluster.py jobs: cannot create ${TRAINIUM_METRICS_FILE%/*}"
+fi
 node_log="$output_dir/logs/node-$NODE_RANK-$NODE_ADDRESS.log"
 log_files=("$node_log")
 cloudwatch="none ($LOG_DIR/$log_folder is not writable)"

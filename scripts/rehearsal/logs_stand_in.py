@@ -4,8 +4,9 @@ with CloudWatchOutputEnabled, and the nodes' job logs, as the CloudWatch agent s
 - Each invocation's stdout and stderr files (written by the node agent) are the log streams
   `<command-id>/<instance-id>/<step>/stdout` and `.../stderr` of the command's log group; one
   event per line, stamped with the file's modification time.
-- Each node's `/var/log/trainium-cluster/jobs/*.log` and `precompile/*.log` are the streams
-  `<instance-id>/jobs` and `<instance-id>/precompile` of the training log group, as the
+- Each node's `/var/log/trainium-cluster/jobs/*.log`, `precompile/*.log` and
+  `metrics/*.jsonl` are the streams `<instance-id>/jobs`, `<instance-id>/precompile` and
+  `<instance-id>/metrics` of the training log group, as the
   CloudWatch agent's configuration in scripts/node/bootstrap.sh (phase_monitoring) ships them:
   only the newest file a wildcard matches is read ("file_path", CloudWatch agent user guide),
   on from where the agent left it, whole lines only. A line is stamped no earlier than it was
@@ -22,9 +23,11 @@ from typing import Any
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
 
 #: The node's log folder and the CloudWatch agent's file entries in it (bootstrap.sh
-#: phase_monitoring): folder of `*.log` files -> stream `<instance-id>/<folder>`.
+#: phase_monitoring): folder -> the wildcard of its files; stream `<instance-id>/<folder>`.
+#: `metrics` holds the jobs' metrics files (launch.sh TRAINIUM_METRICS_FILE), one JSON object
+#: a line, which `cluster.py jobs` reads.
 NODE_LOG_DIR = "/var/log/trainium-cluster"
-AGENT_FOLDERS = ("jobs", "precompile")
+AGENT_FOLDERS = {"jobs": "*.log", "precompile": "*.log", "metrics": "*.jsonl"}
 
 Event = dict[str, Any]
 
@@ -56,9 +59,9 @@ class LogsStandIn:
         instances = self.ssm.instances
         with self._lock:
             for instance in list(instances.instances):
-                for folder in AGENT_FOLDERS:
+                for folder, wildcard in AGENT_FOLDERS.items():
                     directory = instances.upper(instance, f"{NODE_LOG_DIR}/{folder}")
-                    files = [p for p in directory.glob("*.log") if p.is_file()]
+                    files = [p for p in directory.glob(wildcard) if p.is_file()]
                     if not files:
                         continue
                     newest = max(files, key=lambda p: p.stat().st_mtime_ns)
@@ -78,7 +81,7 @@ class LogsStandIn:
     def _streams(self, group: str) -> dict[str, Path | list[Event]]:
         """Log streams: the agent's with CloudWatchOutputEnabled,
         <command-id>/<instance-id>/<step>/stdout|stderr, and in the training log group the
-        CloudWatch agent's <instance-id>/jobs|precompile."""
+        CloudWatch agent's <instance-id>/jobs|precompile|metrics."""
         streams: dict[str, Path | list[Event]] = {}
         for command in self.ssm.commands.values():
             if command.log_group != group:
