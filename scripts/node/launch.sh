@@ -34,6 +34,8 @@
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=scripts/node/job_python.sh
+source "$(dirname "${BASH_SOURCE[0]}")/job_python.sh"
 trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 
 load_cluster_env || true
@@ -137,6 +139,10 @@ fi
 
 require_ready
 activate_python
+# The snapshot's requirements.txt, installed once per node per snapshot (job_python.sh).
+if [[ -n ${TRAINIUM_CODE_DIR:-} ]]; then
+  prepare_job_python "$TRAINIUM_CODE_DIR"
+fi
 mkdir -p "$output_dir/logs"
 if [[ -n ${TRAINIUM_METRICS_FILE:-} ]]; then
   mkdir -p "${TRAINIUM_METRICS_FILE%/*}" 2>/dev/null ||
