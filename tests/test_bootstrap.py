@@ -468,6 +468,7 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
         # The jobs' metrics files (launch.sh TRAINIUM_METRICS_FILE), which `jobs` reads.
         f"{node.logs}/metrics/*.jsonl": "{instance_id}/metrics",
     }
+    assert (node.logs / "metrics").is_dir()  # there before the agent starts watching it
     assert config["metrics"]["namespace"] == "TrainiumCluster/trainium"
     assert config["metrics"]["metrics_collected"]["disk"]["resources"] == [
         "/", str(node.fsx), f"{node.root}/scratch"

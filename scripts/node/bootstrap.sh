@@ -114,7 +114,7 @@ done
 # Where launch.sh and preflight.sh read it (lib.sh).
 NODE_ENV="$NODE_ENV_FILE"
 
-mkdir -p "$STATE_DIR" "$LOG_DIR/jobs" "$LOG_DIR/precompile"
+mkdir -p "$STATE_DIR" "$LOG_DIR/jobs" "$LOG_DIR/precompile" "$LOG_DIR/metrics"
 exec > >(tee -a "$LOG_DIR/bootstrap.log") 2>&1
 exec 9>"$STATE_DIR/bootstrap.lock"
 flock -w 1800 9 || die "another bootstrap still holds $STATE_DIR/bootstrap.lock after 30 minutes"
