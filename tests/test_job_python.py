@@ -171,8 +171,10 @@ def test_two_launches_at_once_build_the_environment_once(tmp_path: Path, wheel: 
     assert errs.count("installing the job's") == 1, errs
     assert errs.count("was built meanwhile by another launch") + errs.count("there already") == 1
     # One venv directory, one link to it, the lock: nothing half built is left.
-    names = sorted(p.name for p in (tmp_path / "envs").iterdir())
-    assert len(names) == 3 and names[0] == code.name and names[2] == f"{code.name}.lock", names
+    envs = tmp_path / "envs"
+    built = (envs / code.name).resolve()
+    assert {p.name for p in envs.iterdir()} == {code.name, f"{code.name}.lock", built.name}
+    assert built.parent == envs and built.is_dir()
 
 
 def test_a_requirement_the_wheels_lack_fails_in_one_line_and_leaves_no_environment(
