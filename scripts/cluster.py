@@ -474,7 +474,12 @@ def cmd_stop(cluster: Cluster, args: argparse.Namespace) -> int:
     from scripts.cluster_lib.jobs import Jobs
 
     # The execution first, so that its supervisor does not retry what the nodes then end.
-    Jobs(cluster).stop(args.job_id)
+    jobs = Jobs(cluster)
+    stopped = jobs.stop(args.job_id)
+    if not stopped and not cluster.history.active_commands(job_id=args.job_id):
+        # StopTraining for a job ID that nothing runs would end nothing on the nodes and
+        # report success on every one of them (stop.sh finds no process of it).
+        jobs.refuse_unknown(args.job_id)
     return report(cluster.stop(args.job_id), f"stop of job {args.job_id}")
 
 

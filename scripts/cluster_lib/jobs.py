@@ -445,6 +445,13 @@ class Jobs:
             self.cluster.patience.sleep(HANDOVER_SECONDS)
         return stopped
 
+    def refuse_unknown(self, job_id: str) -> None:
+        """One line for `stop` of a job ID that has no running execution and no command SSM
+        still runs: nothing of it to stop. It names the jobs that do run (a mistyped ID)."""
+        running = sorted({job_of(e["name"]) for e in self.executions.running()})
+        others = f" (running: {', '.join(running)})" if running else ""
+        raise ClusterError(f"job {job_id} is neither running nor queued{others}")
+
 
 class Detached(Exception):
     """Ctrl-C while following: the job goes on; the message says how to find it again."""
