@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.queue import JobQueue
 from tests.cluster_support import (
     OUTPUTS,
     SOFTWARE,
@@ -388,7 +389,17 @@ def test_stop_of_a_job_that_neither_runs_nor_is_queued_says_so_and_stops_nothing
     real = sfn.start_execution(stateMachineArn=machine, name="bert-1-20261126-010203", input="{}")[
         "executionArn"
     ]
-    aws.stack({**OUTPUTS, "JobStateMachineArn": machine})
+    # The job queue (stacks/job_queue.py), with another job queued.
+    dynamodb = aws.clients.dynamodb
+    keys = [{"AttributeName": "Pk", "KeyType": "HASH"}, {"AttributeName": "Sk", "KeyType": "RANGE"}]
+    dynamodb.create_table(
+        TableName="queue", KeySchema=keys, BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in ("Pk", "Sk")],
+    )  # fmt: skip
+    aws.stack({**OUTPUTS, "JobStateMachineArn": machine, "JobQueueTableName": "queue"})
+    cluster = aws.cluster()
+    queue = JobQueue(dynamodb, sfn, cluster.stack)
+    queue.enqueue("bert-3", "bert-3-20261126-010204", {"JobId": "bert-3"})
     aws.running_commands(
         [{"CommandId": "00000000-0000-4000-8000-0000000000aa", "Status": "InProgress",
           "Parameters": {"JobId": ["bert-1"]}}],
@@ -402,9 +413,10 @@ def test_stop_of_a_job_that_neither_runs_nor_is_queued_says_so_and_stops_nothing
     )  # the Stubber's node: its answer ends the event (FakeAws.intercept)
 
     with pytest.raises(ClusterError) as raised:
-        cmd_stop(aws.cluster(), argparse.Namespace(job_id="bert-2"))
+        cmd_stop(cluster, argparse.Namespace(job_id="bert-2"))
 
     assert str(raised.value) == "job bert-2 is neither running nor queued (running: bert-1)"
     assert calls == ["ListCommands", "ListCommands"]
     aws.verify()
     assert sfn.describe_execution(executionArn=real)["status"] == "RUNNING"
+    assert [q.job_id for q in queue.queued()] == ["bert-3"]
