@@ -2,9 +2,11 @@
 states run in moto's ASL interpreter against moto's DynamoDB, with EventBridge's rule emulated
 from the template (scripts/rehearsal/job_queue.py). The supervisor here is its synthesized start
 (Defaults to ClaimSlot or TakeOverSlot, and the refusal); where the real one would go on to wait
-for nodes, the job's `Outcome` decides how its execution ends: at once (SUCCEEDED), failing,
+for nodes, the job's outcome decides how its execution ends: at once (SUCCEEDED), failing,
 handing the job over (ContinuedAs), or holding until the test stops it (ABORTED), so the tests
-wait for events, never for a clock. Jobs are queued with the CLI's own code
+wait for events, never for a clock. The outcome is read from the job's TrainArgs (`--hold`,
+`--fail`, `--handover`; anything else finishes), so that `cluster.py train` can choose it too
+(tests/test_job_queue.py). Jobs are queued with the CLI's own code
 (scripts/cluster_lib/queue.py)."""
 
 from __future__ import annotations
@@ -54,9 +56,8 @@ def supervisor_start(template: dict[str, Any], refs: dict[str, str]) -> dict[str
     found = machine_definition(template, refs)["States"]
     states = {name: found[name] for name in START}
     outcome = {"Type": "Choice", "Default": "Finished", "Choices": [
-        {"Variable": "$.Job.Outcome", "StringEquals": "fail", "Next": "Failed"},
-        {"Variable": "$.Job.Outcome", "StringEquals": "hold", "Next": "Hold"},
-        {"Variable": "$.Job.Outcome", "StringEquals": "handover", "Next": "HandOver"},
+        {"Variable": "$.Job.TrainArgs", "StringMatches": f"*--{word}*", "Next": state}
+        for word, state in (("fail", "Failed"), ("hold", "Hold"), ("handover", "HandOver"))
     ]}  # fmt: skip
     # Where the job would go on: NotifyStart (a new job) and ReadGroup (a continued one).
     states["NotifyStart"] = states["ReadGroup"] = outcome
@@ -69,6 +70,7 @@ def supervisor_start(template: dict[str, Any], refs: dict[str, str]) -> dict[str
 
 @dataclass
 class Cluster:
+    session: Any
     sfn: Any
     dynamodb: Any
     supervisor: str
@@ -78,7 +80,7 @@ class Cluster:
     def submit(self, job_id: str, outcome: str = "finish") -> str:
         """What `train` does: queue the job, start the dispatcher; returns the name."""
         name = execution_name(job_id, _now())
-        self.queue.enqueue(job_id, name, {"JobId": job_id, "Outcome": outcome})
+        self.queue.enqueue(job_id, name, {"JobId": job_id, "TrainArgs": f"--{outcome}"})
         return name
 
     def dispatch(self, times: int = 1) -> None:
@@ -172,14 +174,24 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
                 )
                 stack = type("FixedStack", (), {"outputs": lambda self: outputs})()
                 queue = JobQueue(session.client("dynamodb"), sfn, stack)  # type: ignore[arg-type]
-                cluster = Cluster(sfn, session.client("dynamodb"), supervisor, local, queue)
+                cluster = Cluster(
+                    session, sfn, session.client("dynamodb"), supervisor, local, queue
+                )
                 try:
                     yield cluster
                 finally:
-                    for execution in sfn.list_executions(
-                        stateMachineArn=supervisor, statusFilter="RUNNING"
-                    )["executions"]:
-                        sfn.stop_execution(executionArn=execution["executionArn"])
+                    # No dispatcher may outlive moto: the ends of the jobs stopped here start
+                    # dispatchers, and they start the queued jobs, which are stopped too.
+                    for _ in range(10):
+                        running = sfn.list_executions(
+                            stateMachineArn=supervisor, statusFilter="RUNNING"
+                        )["executions"]
+                        for execution in running:
+                            sfn.stop_execution(executionArn=execution["executionArn"])
+                        with contextlib.suppress(AssertionError):
+                            local.rule.settled()
+                        if not running:
+                            break
         finally:
             aws_sdk.boto_client_for = original
 
@@ -323,7 +335,12 @@ def test_a_job_handed_over_keeps_the_slot_until_its_last_execution_ends(default:
             stateMachineArn=cluster.supervisor,
             name=successor,
             input=json.dumps(
-                {"JobId": "q6-first", "ContinuedFrom": arn, "Counters": counters, "Outcome": "hold"}
+                {
+                    "JobId": "q6-first",
+                    "ContinuedFrom": arn,
+                    "Counters": counters,
+                    "TrainArgs": "--hold",
+                }
             ),
         )["executionArn"]
         cluster.sfn.stop_execution(executionArn=arn)
