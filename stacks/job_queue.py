@@ -36,6 +36,14 @@ The queue's head is always its oldest job, and it is taken only by the slot's ho
 slot was free: jobs start in the order they were queued. A start that fails puts the job back at
 the head and frees the slot; the dispatcher's execution fails, and the next `train` or the next
 end of a supervisor execution tries again.
+
+A slot whose holder ended unheard (its event lost, or a dispatcher that failed before freeing
+it) is freed by the next dispatcher whose claim fails: it reads the slot, describes the holder's
+execution (the ARN the holder recorded) and, if that ended without handing its job over, deletes
+the slot on condition that it still names that execution (FreeStaleSlot). Not recovered: a
+dispatcher that fails between TakeHead and StartJob on an error its Catch cannot catch (a
+runtime error): the slot then names an execution that never started, with no ARN; delete the
+slot item by hand (`aws dynamodb delete-item`, Pk and Sk "slot").
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
+from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
 from stacks.config import ClusterConfig
@@ -100,11 +109,13 @@ class JobDispatcher(Construct):
         config: ClusterConfig,
         table: dynamodb.TableV2,
         supervisor: sfn.StateMachine,
+        supervisor_name: str,
         key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         self.table = table
         self.supervisor = supervisor
+        self.supervisor_name = supervisor_name
         name = f"{config.cluster_name}-dispatcher"
         self.log_group = logs.LogGroup(
             self,
@@ -160,6 +171,15 @@ class JobDispatcher(Construct):
             "AwsSolutions-IAM5[Resource::*]",
             "Resource * only for the X-Ray and CloudWatch Logs delivery actions Step Functions "
             "needs for tracing and execution logs (no resource-level permissions).",
+        )
+        arn = f"arn:{RegionInfo.get(config.region).partition}"
+        acknowledge(
+            self.role,
+            f"AwsSolutions-IAM5[Resource::{arn}:states:{config.region}:<AWS::AccountId>:"
+            f"execution:{supervisor_name}:*]",
+            "states:DescribeExecution of the job supervisor's executions, whose names (job ID "
+            "and time) are not known in advance: the wildcard stands for the execution name, "
+            "under the supervisor's state machine only.",
         )
         acknowledge(
             self.role,
@@ -302,6 +322,45 @@ class JobDispatcher(Construct):
             },
         )
         another_job_runs = sfn.Succeed(self, "AnotherJobRuns")
+        # The slot is held: by a running job, or by one whose end was never heard of (an event
+        # lost, a dispatcher that failed before it freed the slot). Such a slot is freed here.
+        read_slot = self._sdk(
+            "ReadSlot",
+            "dynamodb",
+            "getItem",
+            {"TableName": self.table.table_name, "Key": SLOT_KEY, "ConsistentRead": True},
+            [self.table.table_arn],
+            result_selector={"Item": sfn.JsonPath.object_at("$.Item")},
+            result_path="$.Slot",
+        )
+        holder_started = sfn.Choice(self, "HolderStarted")
+        describe_holder = self._sdk(
+            "DescribeHolder",
+            "sfn",
+            "describeExecution",
+            {"ExecutionArn": sfn.JsonPath.string_at("$.Slot.Item.ExecutionArn.S")},
+            [self._executions_arn()],
+            result_path="$.Holder",  # Status, and Output once it ended (API reference)
+        )
+        holder_ended = sfn.Choice(self, "HolderEnded")
+        read_holder_output = sfn.Pass(
+            self,
+            "ReadHolderOutput",
+            parameters={
+                "Output": sfn.JsonPath.string_to_json(sfn.JsonPath.string_at("$.Holder.Output"))
+            },
+            result_path="$.Holder.Result",
+        )
+        holder_handed_over = sfn.Choice(self, "HolderHandedOver")
+        free_stale = self._table(
+            "FreeStaleSlot",
+            "deleteItem",
+            {
+                "Key": SLOT_KEY,
+                "ConditionExpression": "ExecutionArn = :arn",
+                "ExpressionAttributeValues": {":arn": s("$.Slot.Item.ExecutionArn.S")},
+            },
+        )
         take = self._table(
             "TakeHead",
             "deleteItem",
@@ -360,7 +419,30 @@ class JobDispatcher(Construct):
         release.next(read_head)
         read_head.next(any_queued)
         any_queued.when(sfn.Condition.is_present(head), claim).otherwise(queue_empty)
-        claim.add_catch(another_job_runs, errors=[CONDITION_FAILED], result_path="$.Claim")
+        claim.add_catch(read_slot, errors=[CONDITION_FAILED], result_path="$.Claim")
+        read_slot.next(holder_started)
+        # No ExecutionArn yet: the holder's execution is starting (its ClaimSlot writes it).
+        holder_started.when(
+            sfn.Condition.is_present("$.Slot.Item.ExecutionArn.S"), describe_holder
+        ).otherwise(another_job_runs)
+        describe_holder.next(holder_ended)
+        holder_ended.when(
+            sfn.Condition.string_equals("$.Holder.Status", "RUNNING"), another_job_runs
+        ).when(
+            sfn.Condition.and_(
+                sfn.Condition.string_equals("$.Holder.Status", "SUCCEEDED"),
+                sfn.Condition.is_present("$.Holder.Output"),
+            ),
+            read_holder_output,
+        ).otherwise(free_stale)
+        # A holder that handed its job over: its successor takes the slot over (or its end
+        # frees it, ReleaseSlot's predecessor clause).
+        read_holder_output.next(holder_handed_over)
+        holder_handed_over.when(
+            sfn.Condition.is_present("$.Holder.Result.Output.ContinuedAs"), another_job_runs
+        ).otherwise(free_stale)
+        free_stale.add_catch(read_head, errors=[CONDITION_FAILED], result_path=sfn.JsonPath.DISCARD)
+        free_stale.next(read_head)
         claim.next(take)
         take.add_catch(give_back, errors=[CONDITION_FAILED], result_path="$.Take")
         give_back.next(read_head)
@@ -375,6 +457,15 @@ class JobDispatcher(Construct):
         requeue.next(release_claim).next(start_failed)
         start.next(started)
         return ended
+
+    def _executions_arn(self) -> str:
+        """The supervisor's executions: arn:…:execution:<state machine name>:*."""
+        return cdk.Stack.of(self).format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{self.supervisor_name}:*",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
 
     @staticmethod
     def _held_slot(head: str) -> dict[str, Any]:

@@ -101,6 +101,7 @@ class OperationsStack(cdk.Stack):
             config=config,
             table=self.queue_table,
             supervisor=self.supervisor.state_machine,
+            supervisor_name=self.supervisor.state_machine_name,
             key=self.key,
         )
         self.dashboard = self._dashboard(storage.file_system)

@@ -368,10 +368,10 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
     operations: tuple[str, dict[str, Any]],
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """`train --detach`, then a second job (refused in one line naming the first), `logs
-    --follow` and `stop` as an operator types them: stop ends the job's execution (no retry
-    follows) and every process of the job on every node; the follower ends with the
-    command."""
+    """`train --detach`, then a second job (queued behind the first, then taken off the queue
+    with `stop`), `logs --follow` and `stop` as an operator types them: stop ends the job's
+    execution (no retry follows) and every process of the job on every node; the follower
+    ends with the command."""
     from scripts.rehearsal.supervisor import local_supervisor
 
     cluster_name, template = operations
@@ -394,10 +394,13 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
         second = Cli(cloud, "train", "--job-id", "second", "--detach", "--", *args)
         second.run()
         captured = capfd.readouterr()
-        assert second.code == 1
-        (line,) = captured.err.splitlines()
-        assert line.startswith(f"error: job {job} runs on this cluster (execution {job}-"), line
-        assert f"`cluster.py stop --job-id {job}`" in line
+        assert second.code == 0, captured.err
+        assert "job second: queued;" in captured.out, captured.out
+        unqueue = Cli(cloud, "stop", "--job-id", "second")
+        unqueue.run()
+        captured = capfd.readouterr()
+        assert unqueue.code == 0, captured.err
+        assert "job second: taken off the queue; it never ran" in captured.out
 
         follow = Cli(cloud, "logs", "--job-id", job, "--follow")
         follow.start()

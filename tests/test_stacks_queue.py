@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +103,13 @@ class Cluster:
         return described
 
     def stop(self, job_id: str) -> None:
-        self.sfn.stop_execution(executionArn=self.execution(job_id)["executionArn"])
+        """Stops the job's execution and waits until it ended (moto ends it a moment later)."""
+        arn = self.execution(job_id)["executionArn"]
+        self.sfn.stop_execution(executionArn=arn)
+        deadline = time.monotonic() + 60
+        while self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+            assert time.monotonic() < deadline, f"{job_id} still runs 60 s after its stop"
+            time.sleep(0.05)
 
     def settled(self) -> None:
         self.local.rule.settled()
@@ -354,3 +361,32 @@ def test_a_job_handed_over_keeps_the_slot_until_its_last_execution_ends(default:
         assert cluster.started() == ["q6-first", "q6-first", "q6-second"]
         assert cluster.queue.slot()["JobId"] == "q6-second"
         assert [q.job_id for q in cluster.queue.queued()] == ["q6-third"]
+
+
+def test_a_slot_whose_job_ended_unheard_is_freed_by_the_next_dispatcher(default: Synth) -> None:
+    """The end of the job that holds the slot never reaches a dispatcher (an event lost, or a
+    dispatcher that failed before it freed the slot): the next dispatcher (the next `train`)
+    finds the holder ended without handing its job over (DescribeExecution), frees the slot
+    (conditional on the holder's ARN) and starts the next job. A holder that runs, or that
+    handed its job over, keeps it."""
+    with queue_cluster(default) as cluster:
+        cluster.submit("q7-first", "hold")
+        cluster.submit("q7-second", "handover")
+        cluster.submit("q7-third", "hold")
+        cluster.dispatch()
+        cluster.settled()
+        cluster.dispatch()  # the holder runs: nothing changes
+        cluster.settled()
+        assert cluster.started() == ["q7-first"]
+        cluster.local.rule.close()  # no more events
+        cluster.stop("q7-first")
+        assert cluster.execution("q7-first")["status"] == "ABORTED"
+        cluster.dispatch()
+        cluster.settled()
+        assert cluster.started() == ["q7-first", "q7-second"]
+        assert cluster.queue.slot()["JobId"] == "q7-second"
+        # q7-second ended handing its job over: its slot stays (its successor takes it over).
+        cluster.dispatch()
+        cluster.settled()
+        assert cluster.started() == ["q7-first", "q7-second"]
+        assert [q.job_id for q in cluster.queue.queued()] == ["q7-third"]

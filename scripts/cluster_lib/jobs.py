@@ -43,7 +43,7 @@ from scripts.cluster_lib.queue import JobQueue
 from stacks import supervisor_limits as limits
 
 #: The failure names the state machine ends with (stacks/supervisor.py).
-REFUSED, FAILED, STOPPED = "JobAlreadyRunning", "JobFailed", "JobStopped"
+REFUSED, FAILED, STOPPED = "JobNotDispatched", "JobFailed", "JobStopped"
 MIXED_FLEET = "NodesRunDifferentSoftware"
 #: `stop` lists the job's running executions again after this many seconds (a successor that
 #: an execution started just before it was stopped), at most STOP_ROUNDS times.

@@ -147,9 +147,24 @@ class RuleEmulator:
                 )
                 self.delivered.append(event)
 
+    def settled_dispatchers(self, timeout: float = 120) -> None:
+        """Returns once no dispatcher execution runs (with the rule closed: no event comes)."""
+        client = self.session.client("stepfunctions", region_name=self.region)
+        deadline = time.monotonic() + timeout
+        while client.list_executions(stateMachineArn=self.dispatcher, statusFilter="RUNNING")[
+            "executions"
+        ]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"a dispatcher still runs after {timeout} s")
+            time.sleep(0.1)
+
     def settled(self, timeout: float = 120) -> None:
         """Returns once every ended supervisor execution has been delivered and no dispatcher
-        execution runs (the bound only keeps a broken run from hanging)."""
+        execution runs (the bound only keeps a broken run from hanging). Once the rule is
+        closed no event comes: only the dispatchers are waited for."""
+        if self._stop.is_set():
+            self.settled_dispatchers(timeout)
+            return
         client = self.session.client("stepfunctions", region_name=self.region)
         deadline = time.monotonic() + timeout
         while True:
