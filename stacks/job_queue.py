@@ -73,6 +73,8 @@ QUEUE, SLOT = "queue", "slot"
 CONDITION_FAILED = "DynamoDb.ConditionalCheckFailedException"
 #: The supervisor statuses that end an execution (Step Functions Execution Status Change).
 ENDED = ["SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"]
+#: The IAM prefix of each service the dispatcher calls.
+IAM_PREFIXES = {"dynamodb": "dynamodb", "sfn": "states"}
 SLOT_KEY = {"Pk": {"S": SLOT}, "Sk": {"S": SLOT}}
 
 
@@ -208,6 +210,9 @@ class JobDispatcher(Construct):
             action=action,
             parameters=parameters,
             iam_resources=resources,
+            # The IAM action as the Service Authorization Reference spells it (aws-cdk-lib
+            # would write the SDK's camelCase action name).
+            iam_action=f"{IAM_PREFIXES[service]}:{action[0].upper()}{action[1:]}",
             additional_iam_statements=[],
             result_selector=result_selector,
             result_path=result_path if result_path is not None else sfn.JsonPath.DISCARD,

@@ -299,8 +299,9 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`cluster.py train` whose operator presses Ctrl-C as soon as it has started: the CLI
-    detaches (exit 0) and nothing on this side follows the job any more. One node's command
+    """`cluster.py train` whose operator presses Ctrl-C as soon as it has queued the job: the
+    CLI detaches (exit 0) and nothing on this side follows the job any more; the job queue's
+    dispatcher starts it. One node's command
     is then cancelled the agent's way; the supervisor (the synthesized state machine, in
     moto's interpreter, through the Run Command stand-in) retries, the job resumes from its
     checkpoint and finishes, and `cluster.py jobs` reports it."""
@@ -313,9 +314,9 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
                       "--eval-every", "30", "--log-every", "5")  # fmt: skip
     printed = cli.out
 
-    def operator(message: str) -> None:  # Ctrl-C right after the start
+    def operator(message: str) -> None:  # Ctrl-C right after the job was queued
         printed(message)
-        if "started execution" in message:
+        if f"job {job}: queued;" in message:
             raise KeyboardInterrupt
 
     with (
@@ -330,7 +331,7 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         captured = capfd.readouterr()
         assert train.code == 0, captured.out + captured.err
         assert f"detached from job {job}; it goes on in AWS" in captured.out
-        assert execution_status(cloud, job) == ["RUNNING"]
+        wait_for("the start", lambda: execution_status(cloud, job) == ["RUNNING"], 60, lambda: "")
 
         held(tmp_path, job, 5, 400, capfd.readouterr)
         assert checkpoints(tmp_path / "jobs" / job) == [5]

@@ -27,7 +27,7 @@ from scripts.cluster_lib.queue import JobQueue
 from scripts.rehearsal.job_queue import LocalQueue, local_queue, table_logical_id
 from scripts.rehearsal.supervisor import definition as machine_definition
 from stacks.job_queue import ENDED
-from tests.cdk_support import Synth, only_resource, synth
+from tests.cdk_support import Synth, only_resource, resources, synth
 
 REGION = "us-east-1"
 #: The supervisor's start, as synthesized.
@@ -235,6 +235,55 @@ def test_the_dispatcher_runs_whenever_a_supervisor_execution_ends(default: Synth
     assert arn["Ref"].startswith("JobSupervisorStateMachine")
     (target,) = rule["Targets"]
     assert not {"Input", "InputPath", "InputTransformer"} & set(target)
+
+
+def test_the_dispatchers_role_allows_what_its_definition_calls_on_the_queue_and_supervisor(
+    default: Synth,
+) -> None:
+    """The dispatcher's role: the SDK actions its definition calls (an AWS SDK integration's
+    IAM action is the service's prefix and the action in PascalCase), on the queue's table, the
+    supervisor and the supervisor's executions only, plus Step Functions' own logs and tracing
+    actions; the supervisor's role updates the slot."""
+    template = default.templates["operations"]
+    refs = placeholder_refs(template)
+    definition = machine_definition(template, refs, construct="JobDispatcher")
+    prefixes = {"dynamodb": "dynamodb", "sfn": "states"}
+    called = set()
+    for state in definition["States"].values():
+        if state["Type"] == "Task":
+            service, action = state["Resource"].rsplit(":", 2)[-2:]
+            called.add(f"{prefixes[service]}:{action[0].upper()}{action[1:]}")
+    assert called == {
+        "dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem",
+        "states:StartExecution", "states:DescribeExecution",
+    }  # fmt: skip
+
+    def allowed(role_prefix: str) -> dict[str, list[str]]:
+        (role_id,) = [k for k in resources(template, "AWS::IAM::Role") if k.startswith(role_prefix)]
+        found: dict[str, list[str]] = {}
+        for policy in resources(template, "AWS::IAM::Policy").values():
+            if policy["Properties"]["Roles"] != [{"Ref": role_id}]:
+                continue
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                actions = statement["Action"]
+                for action in [actions] if isinstance(actions, str) else actions:
+                    found.setdefault(action, []).append(json.dumps(statement["Resource"]))
+        return found
+
+    dispatcher = allowed("JobDispatcherRole")
+    service = {a for a in dispatcher if a.startswith(("logs:", "xray:"))}
+    assert set(dispatcher) - service == called
+    table = table_logical_id(template)
+    for action in called:
+        (resource,) = dispatcher[action]
+        if action.startswith("dynamodb:"):
+            assert table in resource and "*" not in resource, (action, resource)
+        elif action == "states:StartExecution":
+            assert resource.startswith('{"Ref": "JobSupervisorStateMachine'), resource
+        else:
+            assert resource.endswith(f':execution:{default.config.cluster_name}-jobs:*"]]}}')
+    (update,) = allowed("JobSupervisorRole")["dynamodb:UpdateItem"]
+    assert table in update and "*" not in update
 
 
 # ----------------------------------------------------------------------- executions
