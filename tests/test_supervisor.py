@@ -31,6 +31,7 @@ from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import Instance
+from scripts.rehearsal.job_queue import claim_slot
 from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import jayway_json_paths, local_supervisor, map_run_histories
 from stacks.config import MAX_NODES
@@ -492,13 +493,8 @@ class Supervisor:
         """Starts the job's execution; `queued`, as the job queue's dispatcher does: it claims
         the slot for the job and the execution's name first (stacks/job_queue.py)."""
         if queued:
-            outputs = self.cloud.stack_outputs()
-            self.cloud.session().client("dynamodb").put_item(
-                TableName=outputs["JobQueueTableName"],
-                Item={"Pk": {"S": "slot"}, "Sk": {"S": "slot"}, "JobId": {"S": job_id},
-                      "ExecutionName": {"S": job_id}},
-                ConditionExpression="attribute_not_exists(Pk)",
-            )  # fmt: skip
+            table = self.cloud.stack_outputs()["JobQueueTableName"]
+            claim_slot(self.cloud.session(), table, job_id, job_id)
         arn: str = self.client.start_execution(
             stateMachineArn=self.arn, name=job_id, input=json.dumps({"JobId": job_id, **job})
         )["executionArn"]

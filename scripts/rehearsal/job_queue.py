@@ -67,6 +67,21 @@ def create_table(dynamodb: Any, template: dict[str, Any], logical_id: str, name:
     )
 
 
+def claim_slot(cloud_session: Any, table: str, job_id: str, execution_name: str) -> None:
+    """What the dispatcher's ClaimSlot writes (stacks/job_queue.py), for the rehearsals that
+    start a supervisor execution themselves rather than through the queue."""
+    cloud_session.client("dynamodb").put_item(
+        TableName=table,
+        Item={
+            "Pk": {"S": "slot"},
+            "Sk": {"S": "slot"},
+            "JobId": {"S": job_id},
+            "ExecutionName": {"S": execution_name},
+        },
+        ConditionExpression="attribute_not_exists(Pk)",
+    )
+
+
 def table_logical_id(template: dict[str, Any]) -> str:
     (logical_id,) = _resources(template, "AWS::DynamoDB::GlobalTable")
     return logical_id
