@@ -261,3 +261,6 @@ def local_queue(
         yield LocalQueue(table=table, dispatcher=dispatcher, rule=emulator)
     finally:
         emulator.close()
+        # No dispatcher may outlive moto: its calls would then leave this machine.
+        with contextlib.suppress(Exception):
+            emulator.settled_dispatchers(timeout=60)
