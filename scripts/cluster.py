@@ -463,7 +463,8 @@ def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str])
 def cmd_jobs(cluster: Cluster, args: argparse.Namespace) -> int:
     from scripts.cluster_lib.jobs import Jobs, rows_text
 
-    rows = Jobs(cluster).rows(limit=args.limit)
+    jobs = Jobs(cluster)
+    rows = jobs.queued_rows() + jobs.rows(limit=args.limit)
     if not rows:
         out("no jobs yet: start one with `cluster.py train`")
         return 0
@@ -476,7 +477,18 @@ def cmd_stop(cluster: Cluster, args: argparse.Namespace) -> int:
     from scripts.cluster_lib.jobs import Jobs
 
     # The execution first, so that its supervisor does not retry what the nodes then end.
-    Jobs(cluster).stop(args.job_id)
+    jobs = Jobs(cluster)
+    stopped = jobs.stop(args.job_id)
+    if not stopped:
+        if jobs.queue.remove(args.job_id):
+            out(f"job {args.job_id}: taken off the queue; it never ran")
+            return 0
+        # Not queued (any more): the dispatcher may just have started it.
+        stopped = jobs.stop(args.job_id)
+    if not stopped and not cluster.history.active_commands(job_id=args.job_id):
+        # StopTraining for a job ID that nothing runs would end nothing on the nodes and
+        # report success on every one of them (stop.sh finds no process of it).
+        jobs.refuse_unknown(args.job_id)
     return report(cluster.stop(args.job_id), f"stop of job {args.job_id}")
 
 

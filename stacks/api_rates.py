@@ -5,7 +5,8 @@ Who calls what
 --------------
 The job supervisor (stacks/supervisor_workflow.py; the state names below are its states) calls:
 
-- a new job (start_the_job): ListRunningJobs (states:ListExecutions), NotifyStart (sns:Publish);
+- a new job (start_the_job): ClaimSlot (dynamodb:UpdateItem on the job queue's slot), NotifyStart
+  (sns:Publish); a successor: TakeOverSlot (dynamodb:UpdateItem);
 - a poll for nodes (wait_for_nodes, once per PollSeconds): ReadGroup and ReadGroupPage
   (ec2:DescribeTags, tag_pages of them), then the ReadNodes Distributed Map (a child execution per
   batch of SEND_BATCH tagged IDs, READ_CONCURRENCY at a time), each child ReadBatchNodes
@@ -25,7 +26,7 @@ The job supervisor (stacks/supervisor_workflow.py; the state names below are its
   the job's execution ListStopCommands (ssm:ListCommands) after a failure, a notification
   (sns:Publish) and StartSuccessor (states:StartExecution) for a retry or a leg;
 - a retry: NotifyRetry (sns:Publish), WaitBeforeRetry, StartSuccessor (states:StartExecution), and
-  the successor's ListRunningJobs and first poll for nodes.
+  the successor's TakeOverSlot and first poll for nodes.
 
 Every state entered is a state transition (Step Functions' StateTransition bucket), child
 executions' included. The SDK tasks retry throttling (supervisor_tasks.py: 6 retries, 5 s
@@ -102,8 +103,8 @@ CHILD_END_STATES, RESULTS_PAGE_STATES = 9, 5
 #: StopFilter, StopFilters, ListStopCommands, AnyStopCommand, StopCommandJobs, StopMatched,
 #: WasStopped, RetryLeft, CountRetry, DescribeRetry, NotifyRetry, WaitBeforeRetry, HandOver,
 #: NameSuccessor, SuccessorInput, StartSuccessor, HandedOver, JobContinues), and a new
-#: execution's start to its first poll (Defaults, ReadJob, ReadCounters, ListRunningJobs,
-#: OneJobAtATime, NotifyStart); from NodesReady to a Distributed Map (NodesReady, CountAttempt).
+#: execution's start to its first poll (Defaults, ReadJob, ReadCounters, FreshOrContinued,
+#: ClaimSlot, NotifyStart); from NodesReady to a Distributed Map (NodesReady, CountAttempt).
 AFTER_ATTEMPT_STATES, JOB_START_STATES, ATTEMPT_START_STATES = 19, 6, 2
 #: Per minute, an action whose quota could not be confirmed is held to this rate (see above).
 ASSUMED_FLOOR_PER_SECOND = 1.0
@@ -159,6 +160,11 @@ _CWL_NOTE = (
 _CFN = (
     "AWS CloudFormation user guide, quotas (no API request rate found)",
     "https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/cloudformation-limits.html",
+)
+_DDB = (
+    "Amazon DynamoDB developer guide, Service, account, and table quotas (throughput per "
+    "partition)",
+    "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html",
 )
 _UNCONFIRMED = "no per-action request rate found in the documentation searched; not confirmed"
 
@@ -218,6 +224,9 @@ QUOTAS: dict[str, Quota] = {
     "logs:FilterLogEvents": Quota(5, *_CWL, note=_CWL_NOTE),
     "logs:DescribeLogStreams": Quota(5, *_CWL, note=_CWL_NOTE),
     "cloudformation:DescribeStacks": _unconfirmed(_CFN),
+    "dynamodb:UpdateItem": Quota(
+        1000, *_DDB, note="1,000 write request units a second per partition; the slot is one item"
+    ),
 }
 
 
@@ -229,9 +238,9 @@ def read_batches(node_count: int) -> int:
 
 
 def job_start() -> Counter[str]:
-    """A new execution's start (a new job's, or a successor's): ListRunningJobs and NotifyStart
-    (a new job only; counted for both)."""
-    return Counter({"states:ListExecutions": 1, "sns:Publish": 1, TRANSITIONS: JOB_START_STATES})
+    """A new execution's start (a new job's, or a successor's): ClaimSlot or TakeOverSlot, and
+    NotifyStart (a new job only; counted for both)."""
+    return Counter({"dynamodb:UpdateItem": 1, "sns:Publish": 1, TRANSITIONS: JOB_START_STATES})
 
 
 def node_wait_round(node_count: int) -> Counter[str]:

@@ -26,6 +26,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
+from stacks.job_queue import JobDispatcher, queue_table
 from stacks.log_groups import allow_cloudwatch_logs, retention
 from stacks.storage import StorageStack
 from stacks.supervisor import JobSupervisor
@@ -83,6 +84,7 @@ class OperationsStack(cdk.Stack):
             for name, content in load_ssm_documents().items()
         }
         self.alarm_topic = self._alarm_topic()
+        self.queue_table = queue_table(self, config)
         self.supervisor = JobSupervisor(
             self,
             "JobSupervisor",
@@ -90,6 +92,16 @@ class OperationsStack(cdk.Stack):
             documents=self.documents,
             training_log_group=self.training_log_group,
             topic=self.alarm_topic,
+            key=self.key,
+            queue_table=self.queue_table,
+        )
+        self.dispatcher = JobDispatcher(
+            self,
+            "JobDispatcher",
+            config=config,
+            table=self.queue_table,
+            supervisor=self.supervisor.state_machine,
+            supervisor_name=self.supervisor.state_machine_name,
             key=self.key,
         )
         self.dashboard = self._dashboard(storage.file_system)
@@ -387,6 +399,8 @@ class OperationsStack(cdk.Stack):
             "LifecycleHookName": config.lifecycle_hook_name,
             "AlarmTopicArn": self.alarm_topic.topic_arn,
             "JobStateMachineArn": self.supervisor.state_machine.state_machine_arn,
+            "JobQueueTableName": self.queue_table.table_name,
+            "JobDispatcherArn": self.dispatcher.state_machine.state_machine_arn,
             "DashboardName": self.dashboard.dashboard_name,
         }
         for key, value in values.items():

@@ -47,6 +47,7 @@ Where things are:
 from __future__ import annotations
 
 import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -88,6 +89,7 @@ class JobSupervisor(Construct):
         training_log_group: logs.ILogGroup,
         topic: sns.ITopic,
         key: kms.IKey,
+        queue_table: dynamodb.ITableV2,
     ) -> None:
         super().__init__(scope, construct_id)
         self.config = config
@@ -129,6 +131,7 @@ class JobSupervisor(Construct):
                 topic=topic,
                 role=self.role,
                 state_machine_arn=self.state_machine_arn,
+                queue_table=queue_table,
             )
         )
         self.state_machine = sfn.StateMachine(

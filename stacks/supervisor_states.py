@@ -23,6 +23,9 @@ from stacks.supervisor_outcomes import OutcomeStates, map_failed
 from stacks.supervisor_run import Run, from_job, run_on_every_node
 from stacks.supervisor_tasks import choice, fail, pass_state, time_parts, wait
 
+#: DynamoDB's conditional-write failure as Step Functions names it (ServiceName.ErrorName).
+SLOT_NOT_HELD = "DynamoDb.ConditionalCheckFailedException"
+
 #: What an execution's input may set, with its default (the CLI passes JobId and TrainArgs).
 JOB_DEFAULTS: dict[str, Any] = {
     "TrainArgs": "",
@@ -100,21 +103,64 @@ class SupervisorStates(OutcomeStates):
         )
 
     @cached_property
-    def list_running_jobs(self) -> sfn.TaskStateBase:
-        """$.Running: how many executions of this state machine run, and their names."""
-        return self.t.on_this_machine(
-            "ListRunningJobs",
-            "listExecutions",
-            {"StatusFilter": "RUNNING"},
-            iam_action="states:ListExecutions",
-            result_selector={
-                "Count": sfn.JsonPath.array_length(sfn.JsonPath.list_at("$.Executions")),
-                "Names": sfn.JsonPath.list_at("$.Executions[*].Name"),
-            },
-            result_path="$.Running",
+    def claim_slot(self) -> sfn.TaskStateBase:
+        """A new job runs only where the job queue's slot names it and this execution (the
+        dispatcher claimed the slot for it, stacks/job_queue.py); the slot records its ARN. The
+        conditional write is atomic (DynamoDB developer guide, condition expressions), where
+        ListExecutions is eventually consistent."""
+        return self._slot(
+            "ClaimSlot",
+            "SET ExecutionArn = :arn",
+            "JobId = :job AND ExecutionName = :name",
+            {},
         )
 
-    one_job_at_a_time = choice("OneJobAtATime")
+    @cached_property
+    def take_over_slot(self) -> sfn.TaskStateBase:
+        """An execution that continues a job names itself in the slot, in place of the one
+        that handed the job over (the last part of ContinuedFrom, an execution ARN)."""
+        return self._slot(
+            "TakeOverSlot",
+            "SET ExecutionName = :name, ExecutionArn = :arn",
+            "JobId = :job AND ExecutionName = :from",
+            {
+                ":from": {
+                    "S": sfn.JsonPath.array_get_item(
+                        sfn.JsonPath.string_split(sfn.JsonPath.string_at("$.ContinuedFrom"), ":"),
+                        7,
+                    )
+                }
+            },
+        )
+
+    def _slot(
+        self, construct_id: str, update: str, condition: str, values: dict[str, Any]
+    ) -> sfn.TaskStateBase:
+        table = self.t.queue_table
+        task = self.t.sdk(
+            construct_id,
+            "dynamodb",
+            "updateItem",
+            {
+                "TableName": table.table_name,
+                "Key": {"Pk": {"S": "slot"}, "Sk": {"S": "slot"}},
+                "UpdateExpression": update,
+                "ConditionExpression": condition,
+                "ExpressionAttributeValues": {
+                    ":job": {"S": self.t.job_id},
+                    ":name": {"S": sfn.JsonPath.string_at("$$.Execution.Name")},
+                    ":arn": {"S": sfn.JsonPath.string_at("$$.Execution.Id")},
+                    **values,
+                },
+            },
+            [table.table_arn],
+            iam_action="dynamodb:UpdateItem",
+            final_errors=[SLOT_NOT_HELD],
+        )
+        task.add_catch(self.describe_refusal, errors=[SLOT_NOT_HELD], result_path="$.Slot")
+        return task
+
+    fresh_or_continued = choice("FreshOrContinued")
 
     @cached_property
     def describe_refusal(self) -> sfn.Pass:
@@ -122,14 +168,16 @@ class SupervisorStates(OutcomeStates):
             "DescribeRefusal",
             parameters={
                 "Cause": sfn.JsonPath.format(
-                    "another job runs on this cluster; one job at a time (running jobs: {})",
-                    sfn.JsonPath.json_to_string(sfn.JsonPath.list_at("$.Running.Names")),
+                    "the job queue slot does not name job {} and execution {}: jobs start "
+                    "through the queue (cluster.py train), one at a time",
+                    self.t.job_id,
+                    sfn.JsonPath.string_at("$$.Execution.Name"),
                 )
             },
             result_path="$.Refusal",
         )
 
-    job_refused = fail("JobRefused", error="JobAlreadyRunning", cause_path="$.Refusal.Cause")
+    job_refused = fail("JobRefused", error="JobNotDispatched", cause_path="$.Refusal.Cause")
 
     @cached_property
     def notify_start(self) -> sfn.TaskStateBase:

@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
@@ -44,6 +45,8 @@ class SupervisorTasks:
     role: iam.Role
     #: The state machine's own ARN, known before it exists (the role names it without a cycle).
     state_machine_arn: str
+    #: The job queue's table (stacks/job_queue.py), whose slot names the job allowed to run.
+    queue_table: dynamodb.ITableV2
 
     @property
     def job_id(self) -> str:

@@ -3,9 +3,12 @@ choose between them. What each state does is in stacks/supervisor_states.py and
 stacks/supervisor_outcomes.py (one property per state, named after it); the state machine
 around it is stacks/supervisor.py.
 
-    Defaults → ReadJob → ReadCounters → ListRunningJobs → OneJobAtATime
-    OneJobAtATime   a new job while another runs → DescribeRefusal → JobRefused (fails)
-                    a new job → NotifyStart → ReadGroup; a continued job → ReadGroup
+    Defaults → ReadJob → ReadCounters → FreshOrContinued
+    FreshOrContinued a new job → ClaimSlot → NotifyStart → ReadGroup
+                    a continued job → TakeOverSlot → ReadGroup
+    ClaimSlot, TakeOverSlot
+                    the job queue's slot names another job or execution → DescribeRefusal
+                    → JobRefused (fails)
     ReadGroup → MoreOfGroup
     MoreOfGroup     another page of IDs → ReadGroupPage → AddGroupPage → JoinGroupPage
                     → MoreOfGroup; the last → PartitionGroup → ReadNodes → CountNodes → FullSet
@@ -75,23 +78,16 @@ def definition(s: SupervisorStates, *, node_count: int, wait_seconds: int) -> sf
 
 def start_the_job(s: SupervisorStates) -> sfn.IChainable:
     """The job's settings over the defaults, its counters, and one job at a time per cluster:
-    a second job is refused rather than queued (a queued job would hold an execution, and its
-    history, for as long as the running one trains). Only a new job is ever refused: an
-    execution that continues a job carries one that was admitted, and ListExecutions is
-    eventually consistent (Step Functions API reference), so a new job can start unseen while
-    the running one hands over; refusing the successor then (it sees its predecessor, itself
-    and the new one) would end the running job, where the new one refuses itself."""
-    first = (
-        s.defaults.next(s.read_job)
-        .next(s.read_counters)
-        .next(s.list_running_jobs)
-        .next(s.one_job_at_a_time)
-    )
+    the job queue's dispatcher claims the queue's slot for a job before it starts the job's
+    execution (stacks/job_queue.py). A new job's execution runs only where the slot names it
+    and its execution name; an execution that continues a job takes the slot over from the one
+    that handed the job over. Either is a conditional write: a job started outside the queue,
+    or one whose slot was released, is refused in one line."""
+    first = s.defaults.next(s.read_job).next(s.read_counters).next(s.fresh_or_continued)
     fresh = sfn.Condition.string_equals("$.ContinuedFrom", "")
-    s.one_job_at_a_time.when(
-        sfn.Condition.and_(fresh, sfn.Condition.number_greater_than("$.Running.Count", 1)),
-        s.describe_refusal,
-    ).when(fresh, s.notify_start).otherwise(s.read_group)
+    s.fresh_or_continued.when(fresh, s.claim_slot).otherwise(s.take_over_slot)
+    s.claim_slot.next(s.notify_start)
+    s.take_over_slot.next(s.read_group)
     s.describe_refusal.next(s.job_refused)
     s.notify_start.next(s.read_group)
     return first

@@ -101,6 +101,21 @@ def only_resource(template: dict[str, Any], resource_type: str) -> dict[str, Any
     return found[0]
 
 
+def machine_of(template: dict[str, Any], construct: str = "JobSupervisor") -> dict[str, Any]:
+    """The state machine of one construct in the operations template (JobSupervisor, the job
+    supervisor; JobDispatcher, the job queue's dispatcher)."""
+    return template["Resources"][machine_id(template, construct)]  # type: ignore[no-any-return]
+
+
+def machine_id(template: dict[str, Any], construct: str = "JobSupervisor") -> str:
+    (found,) = [
+        k
+        for k in resources(template, "AWS::StepFunctions::StateMachine")
+        if k.startswith(f"{construct}StateMachine")
+    ]
+    return found
+
+
 def flatten(value: Any) -> str:
     """A CloudFormation value as text, intrinsic functions rendered as JSON (for searching)."""
     if isinstance(value, str):

@@ -94,7 +94,7 @@ def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
             assert {a: worst[a] for a in figures} == figures, (nodes, poll, worst)
     worst = rates.worst_minute(1024, MIN_POLL[1024])
     assert worst[rates.CHILD_START] == 62 and worst["states:StartExecution"] == 1
-    assert worst["states:ListExecutions"] == 1 and worst["sns:Publish"] == 2
+    assert worst["dynamodb:UpdateItem"] == 1 and worst["sns:Publish"] == 2
     # A batch's end reads its invocations in two pages of 25 (supervisor_limits.INVOCATIONS_PAGE).
     assert worst["ssm:CancelCommand"] == 21 and worst["ssm:ListCommandInvocations"] == 42
 

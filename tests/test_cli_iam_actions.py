@@ -25,6 +25,7 @@ CALLS = {
     "cloudformation": "describe_stacks", "ec2": "describe_instances", "ssm": "list_commands",
     "logs": "describe_log_streams", "autoscaling": "describe_auto_scaling_groups",
     "fsx": "describe_data_repository_tasks", "stepfunctions": "list_executions",
+    "dynamodb": "list_tables",
 }  # fmt: skip
 
 
@@ -70,7 +71,7 @@ def test_each_client_records_its_calls_as_iam_actions(cli_calls: CallRecorder) -
     assert others == [
         "cloudformation:DescribeStacks", "ec2:DescribeInstances", "ssm:ListCommands",
         "logs:DescribeLogStreams", "autoscaling:DescribeAutoScalingGroups",
-        "fsx:DescribeDataRepositoryTasks", "states:ListExecutions",
+        "fsx:DescribeDataRepositoryTasks", "states:ListExecutions", "dynamodb:ListTables",
     ]  # fmt: skip
     for action in others:
         prefix, name = action.split(":")

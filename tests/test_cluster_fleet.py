@@ -133,8 +133,9 @@ def test_wait_for_refresh_waits_while_an_instance_refresh_replaces_nodes(aws: Fa
 
 
 def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: FakeAws) -> None:
-    """`train` waits for a refresh (`roll`) before it starts the supervisor's execution, looks
-    for a running job, and gives the execution the job's settings."""
+    """`train` waits for a refresh (`roll`) before it queues the job, looks for the job ID
+    among the queued and running jobs, gives the queued execution the job's settings and starts
+    the job queue's dispatcher."""
     import json
 
     from botocore.stub import ANY, Stubber
@@ -143,7 +144,14 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
     from scripts.cluster_lib.jobs import Jobs
 
     machine = "arn:aws:states:us-east-1:123456789012:stateMachine:trainium-jobs"
-    aws.stack({**OUTPUTS, "JobStateMachineArn": machine})
+    dispatcher = "arn:aws:states:us-east-1:123456789012:stateMachine:trainium-dispatcher"
+    keys = [{"AttributeName": "Pk", "KeyType": "HASH"}, {"AttributeName": "Sk", "KeyType": "RANGE"}]
+    aws.clients.dynamodb.create_table(
+        TableName="queue", KeySchema=keys, BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in ("Pk", "Sk")],
+    )  # fmt: skip
+    aws.stack({**OUTPUTS, "JobStateMachineArn": machine, "JobQueueTableName": "queue",
+               "JobDispatcherArn": dispatcher})  # fmt: skip
     aws.no_refresh([{"InstanceRefreshId": REFRESH, "Status": "InProgress"}])
     aws.no_refresh([])
     sfn = Stubber(aws.clients.stepfunctions)
@@ -152,27 +160,28 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
         {"executions": []},
         {"stateMachineArn": machine, "statusFilter": "RUNNING"},
     )
-    started: dict[str, Any] = {}
     sfn.add_response(
         "start_execution",
-        {"executionArn": f"{machine}:bert-1-x", "startDate": datetime(2026, 1, 1, tzinfo=UTC)},
-        {"stateMachineArn": machine, "name": ANY, "input": ANY},
-    )
-    aws.clients.stepfunctions.meta.events.register(
-        "provide-client-params.states.StartExecution",
-        lambda params, **_: started.update(params),
+        {"executionArn": f"{dispatcher}:x", "startDate": datetime(2026, 1, 1, tzinfo=UTC)},
+        {"stateMachineArn": dispatcher, "name": ANY, "input": "{}"},
     )
     with sfn:
-        arn = Jobs(aws.cluster()).start(
+        jobs = Jobs(aws.cluster())
+        arn = jobs.start(
             "bert-1", TRAIN_ARGS, max_retries=3, retry_delay=30, options={"PollSeconds": 60}
         )
+        (queued,) = jobs.queue.queued()
     sfn.assert_no_pending_responses()
     aws.verify()
-    assert arn == f"{machine}:bert-1-x"
+    name = queued.execution_name
+    assert arn == f"{machine.replace(':stateMachine:', ':execution:')}:{name}"
     assert aws.lines[0].startswith(f"waiting: instance refresh {REFRESH}")
-    match = EXECUTION_NAME.match(started["name"])
-    assert match and match["job"] == "bert-1" and len(started["name"]) <= 80
-    assert json.loads(started["input"]) == {
+    match = EXECUTION_NAME.match(name)
+    assert match and match["job"] == "bert-1" and len(name) <= 80
+    item = aws.clients.dynamodb.get_item(
+        TableName="queue", Key={"Pk": {"S": "queue"}, "Sk": {"S": queued.key}}
+    )["Item"]
+    assert json.loads(item["Input"]["S"]) == {
         "JobId": "bert-1", "MasterPort": "29500", "NprocPerNode": "auto",
         "TrainArgs": " ".join(TRAIN_ARGS), "MaxRetries": 3, "RetryDelaySeconds": 30,
         "PollSeconds": 60,

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib.queue import JobQueue
 from tests.cluster_support import (
     OUTPUTS,
     SOFTWARE,
@@ -362,3 +363,60 @@ def test_jobs_lists_under_each_job_why_its_supervisor_retried_continued_or_faile
     row = JobRow("bert-1", "FAILED", datetime(2026, 11, 22, tzinfo=UTC), "2d03h", story=story)
     lines = list(rows_text([row]))
     assert lines[1].startswith("bert-1 ") and lines[2:] == [f"    {line}" for line in story]
+
+
+def test_stop_of_a_job_that_neither_runs_nor_is_queued_says_so_and_stops_nothing(
+    aws: FakeAws,
+) -> None:
+    """`stop` of a mistyped job ID: no execution of it runs and SSM runs no command of it.
+    StopTraining would find no process of it on any node (stop.sh exits 0 then), so the stop
+    used to report success on every node while the real job kept running. The execution of the
+    job that does run is left alone; the one line names it."""
+    import argparse
+    import json
+
+    from scripts.cluster import cmd_stop
+
+    aws.launch(2)
+    sfn = aws.clients.stepfunctions
+    machine = sfn.create_state_machine(
+        name="trainium-jobs",
+        definition=json.dumps(
+            {"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 9, "End": True}}}
+        ),
+        roleArn="arn:aws:iam::123456789012:role/trainium-jobs",
+    )["stateMachineArn"]
+    real = sfn.start_execution(stateMachineArn=machine, name="bert-1-20261126-010203", input="{}")[
+        "executionArn"
+    ]
+    # The job queue (stacks/job_queue.py), with another job queued.
+    dynamodb = aws.clients.dynamodb
+    keys = [{"AttributeName": "Pk", "KeyType": "HASH"}, {"AttributeName": "Sk", "KeyType": "RANGE"}]
+    dynamodb.create_table(
+        TableName="queue", KeySchema=keys, BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in ("Pk", "Sk")],
+    )  # fmt: skip
+    aws.stack({**OUTPUTS, "JobStateMachineArn": machine, "JobQueueTableName": "queue"})
+    cluster = aws.cluster()
+    queue = JobQueue(dynamodb, sfn, cluster.stack)
+    queue.enqueue("bert-3", "bert-3-20261126-010204", {"JobId": "bert-3"})
+    aws.running_commands(
+        [{"CommandId": "00000000-0000-4000-8000-0000000000aa", "Status": "InProgress",
+          "Parameters": {"JobId": ["bert-1"]}}],
+        [],
+    )  # fmt: skip
+    # Every SSM call the stop makes (before the Stubber answers it): only the two searches for
+    # the job's running commands; before this check it went on to StopTraining on every node.
+    calls: list[str] = []
+    aws.clients.ssm.meta.events.register_first(
+        "before-call.*.*", lambda model, **_: calls.append(model.name)
+    )  # the Stubber's node: its answer ends the event (FakeAws.intercept)
+
+    with pytest.raises(ClusterError) as raised:
+        cmd_stop(cluster, argparse.Namespace(job_id="bert-2"))
+
+    assert str(raised.value) == "job bert-2 is neither running nor queued (running: bert-1)"
+    assert calls == ["ListCommands", "ListCommands"]
+    aws.verify()
+    assert sfn.describe_execution(executionArn=real)["status"] == "RUNNING"
+    assert [q.job_id for q in queue.queued()] == ["bert-3"]

@@ -299,8 +299,9 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`cluster.py train` whose operator presses Ctrl-C as soon as it has started: the CLI
-    detaches (exit 0) and nothing on this side follows the job any more. One node's command
+    """`cluster.py train` whose operator presses Ctrl-C as soon as it has queued the job: the
+    CLI detaches (exit 0) and nothing on this side follows the job any more; the job queue's
+    dispatcher starts it. One node's command
     is then cancelled the agent's way; the supervisor (the synthesized state machine, in
     moto's interpreter, through the Run Command stand-in) retries, the job resumes from its
     checkpoint and finishes, and `cluster.py jobs` reports it."""
@@ -313,9 +314,9 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
                       "--eval-every", "30", "--log-every", "5")  # fmt: skip
     printed = cli.out
 
-    def operator(message: str) -> None:  # Ctrl-C right after the start
+    def operator(message: str) -> None:  # Ctrl-C right after the job was queued
         printed(message)
-        if "started execution" in message:
+        if f"job {job}: queued;" in message:
             raise KeyboardInterrupt
 
     with (
@@ -330,7 +331,7 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
         captured = capfd.readouterr()
         assert train.code == 0, captured.out + captured.err
         assert f"detached from job {job}; it goes on in AWS" in captured.out
-        assert execution_status(cloud, job) == ["RUNNING"]
+        wait_for("the start", lambda: execution_status(cloud, job) == ["RUNNING"], 60, lambda: "")
 
         held(tmp_path, job, 5, 400, capfd.readouterr)
         assert checkpoints(tmp_path / "jobs" / job) == [5]
@@ -370,10 +371,10 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
     operations: tuple[str, dict[str, Any]],
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """`train --detach`, then a second job (refused in one line naming the first), `logs
-    --follow` and `stop` as an operator types them: stop ends the job's execution (no retry
-    follows) and every process of the job on every node; the follower ends with the
-    command."""
+    """`train --detach`, then a second job (queued behind the first, then taken off the queue
+    with `stop`), `logs --follow` and `stop` as an operator types them: stop ends the job's
+    execution (no retry follows) and every process of the job on every node; the follower
+    ends with the command."""
     from scripts.rehearsal.supervisor import local_supervisor
 
     cluster_name, template = operations
@@ -396,10 +397,13 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
         second = Cli(cloud, "train", "--job-id", "second", "--detach", "--", *args)
         second.run()
         captured = capfd.readouterr()
-        assert second.code == 1
-        (line,) = captured.err.splitlines()
-        assert line.startswith(f"error: job {job} runs on this cluster (execution {job}-"), line
-        assert f"`cluster.py stop --job-id {job}`" in line
+        assert second.code == 0, captured.err
+        assert "job second: queued;" in captured.out, captured.out
+        unqueue = Cli(cloud, "stop", "--job-id", "second")
+        unqueue.run()
+        captured = capfd.readouterr()
+        assert unqueue.code == 0, captured.err
+        assert "job second: taken off the queue; it never ran" in captured.out
 
         follow = Cli(cloud, "logs", "--job-id", job, "--follow")
         follow.start()

@@ -18,7 +18,7 @@ import pytest
 
 from scripts.rehearsal import sdk_parameters
 from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES
-from tests.cdk_support import Synth, alternative, odcr, only_resource, synth
+from tests.cdk_support import Synth, alternative, machine_of, odcr, synth
 
 
 def _instance_type(name: str) -> Callable[[], Synth]:
@@ -47,9 +47,9 @@ def sdk_tasks(states: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             yield from sdk_tasks(machine["States"])
 
 
-def definition(synthesized: Synth) -> dict[str, Any]:
+def definition(synthesized: Synth, construct: str = "JobSupervisor") -> dict[str, Any]:
     """The state machine's definition, references replaced by placeholders."""
-    machine = only_resource(synthesized.templates["operations"], "AWS::StepFunctions::StateMachine")
+    machine = machine_of(synthesized.templates["operations"], construct)
     parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
     # A reference stands inside a JSON string (an ARN, a document's name).
     text = "".join(
@@ -79,6 +79,14 @@ def test_every_sdk_task_names_its_parameters_as_step_functions_takes_them(config
     assert len(tasks) > 20, sorted(tasks)
     # ListCommands' filters among them: botocore's CommandFilter members are `key` and `value`.
     assert any(t["Resource"].endswith("ssm:listCommands") for t in tasks.values())
+    assert definition_problems(parsed) == []
+
+
+def test_the_dispatchers_sdk_tasks_name_their_parameters_as_step_functions_takes_them() -> None:
+    """The job queue's dispatcher (stacks/job_queue.py): DynamoDB and Step Functions tasks."""
+    parsed = definition(synth(), "JobDispatcher")
+    tasks = dict(sdk_tasks(parsed["States"]))
+    assert {t["Resource"].rsplit(":", 2)[-2] for t in tasks.values()} == {"dynamodb", "sfn"}
     assert definition_problems(parsed) == []
 
 

@@ -96,9 +96,10 @@ def test_outputs_name_what_to_export_before_destroy(default: Synth) -> None:
 
 
 def test_log_groups_are_encrypted_with_retention(default: Synth) -> None:
-    """The training log group and the job supervisor's execution log group."""
+    """The training log group and the execution log groups of the job supervisor and of the
+    job queue's dispatcher."""
     groups = resources(default.templates["operations"], "AWS::Logs::LogGroup")
-    assert len(groups) == 2
+    assert len(groups) == 3
     for group in groups.values():
         assert group["Properties"]["RetentionInDays"] == 365
         assert "OperationsKey" in flatten(group["Properties"]["KmsKeyId"])

@@ -31,6 +31,7 @@ from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import Instance
+from scripts.rehearsal.job_queue import claim_slot
 from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import jayway_json_paths, local_supervisor, map_run_histories
 from stacks.config import MAX_NODES
@@ -50,7 +51,8 @@ from stacks.supervisor_limits import (
     min_poll_seconds,
     poll_events,
 )
-from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
+from tests.cdk_support import Synth, cfn_lint, machine_of, only_resource, resources, synth
+from tests.cdk_support import machine_id as supervisor_id
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -79,7 +81,7 @@ SDK_ACTIONS = {
     ),
     "arn:aws:states:::aws-sdk:ec2:describeNetworkInterfaces": "ec2:DescribeNetworkInterfaces",
     "arn:aws:states:::aws-sdk:sns:publish": "sns:Publish",
-    "arn:aws:states:::aws-sdk:sfn:listExecutions": "states:ListExecutions",
+    "arn:aws:states:::aws-sdk:dynamodb:updateItem": "dynamodb:UpdateItem",
     "arn:aws:states:::aws-sdk:sfn:startExecution": "states:StartExecution",
 }
 #: What a Distributed Map needs for its child executions (aws-cdk-lib's DistributedMap adds
@@ -102,7 +104,7 @@ def default() -> Synth:
 
 
 def definition_parts(template: dict[str, Any]) -> list[Any]:
-    machine = only_resource(template, "AWS::StepFunctions::StateMachine")
+    machine = machine_of(template)
     parts: list[Any] = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
     return parts
 
@@ -128,7 +130,7 @@ def placeholder_refs(template: dict[str, Any]) -> dict[str, str]:
 
 def test_the_supervisor_is_a_standard_state_machine_with_logs_and_tracing(default: Synth) -> None:
     template = default.templates["operations"]
-    machine = only_resource(template, "AWS::StepFunctions::StateMachine")["Properties"]
+    machine = machine_of(template)["Properties"]
     assert machine["StateMachineType"] == "STANDARD"  # runs up to a year, keeps its history
     assert machine["StateMachineName"] == f"{default.config.cluster_name}-jobs"
     assert machine["TracingConfiguration"] == {"Enabled": True}
@@ -145,7 +147,7 @@ def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synt
     definition = machine_definition(template, placeholder_refs(template))
     used = {state["Resource"] for _, state in states(definition) if state["Type"] == "Task"}
     assert used == set(SDK_ACTIONS), used ^ set(SDK_ACTIONS)
-    machine = only_resource(template, "AWS::StepFunctions::StateMachine")
+    machine = machine_of(template)
     role_id = machine["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     # The role's own policy and aws-cdk-lib's for the Distributed Maps' child executions.
     policy = [
@@ -184,10 +186,10 @@ def test_the_definition_uses_only_sdk_integrations_the_role_allows(default: Synt
     )
     (topic,) = allowed["sns:Publish"]
     assert topic["resource"] == {"Ref": next(iter(resources(template, "AWS::SNS::Topic")))}
-    # Listing and starting (the hand-over to a successor, a batch's child execution): this
+    # Starting (the hand-over to a successor, a batch's child execution): this
     # state machine only; describing, stopping and redriving: its executions only.
-    machine_id = next(iter(resources(template, "AWS::StepFunctions::StateMachine")))
-    for action in ("states:ListExecutions", "states:StartExecution"):
+    machine_id = supervisor_id(template)
+    for action in ("states:StartExecution",):
         for executions in allowed[action]:
             resource = json.dumps(executions["resource"])
             assert resource.endswith(f':stateMachine:{cluster}-jobs"]]}}') or json.loads(
@@ -208,9 +210,13 @@ def test_an_execution_that_does_not_succeed_is_announced_outside_the_workflow(
     this state machine's Step Functions Execution Status Change events, allowed to use the
     topic's key."""
     template = default.templates["operations"]
-    (rule,) = resources(template, "AWS::Events::Rule").values()
+    (rule,) = [
+        r
+        for k, r in resources(template, "AWS::Events::Rule").items()
+        if k.startswith("JobSupervisor")
+    ]
     pattern = rule["Properties"]["EventPattern"]
-    machine_id = next(iter(resources(template, "AWS::StepFunctions::StateMachine")))
+    machine_id = supervisor_id(template)
     assert pattern == {
         "source": ["aws.states"],
         "detail-type": ["Step Functions Execution Status Change"],
@@ -430,7 +436,7 @@ def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) ->
     into_group = sorted(
         n for n, s in found.items() if "ReadGroup" in (s.get("Next"), s.get("Default"))
     )
-    assert into_group == ["KeepWaiting", "NotifyStart", "OneJobAtATime"], into_group
+    assert into_group == ["KeepWaiting", "NotifyStart", "TakeOverSlot"], into_group
 
 
 def test_one_attempt_of_48_hours_on_1024_nodes_is_polled_every_two_minutes_or_more() -> None:
@@ -483,7 +489,12 @@ class Supervisor:
             if document is None or any(_name(e) == f"{document}Send" for e in events)
         ]
 
-    def start(self, job_id: str, **job: Any) -> str:
+    def start(self, job_id: str, *, queued: bool = True, **job: Any) -> str:
+        """Starts the job's execution; `queued`, as the job queue's dispatcher does: it claims
+        the slot for the job and the execution's name first (stacks/job_queue.py)."""
+        if queued:
+            table = self.cloud.stack_outputs()["JobQueueTableName"]
+            claim_slot(self.cloud.session(), table, job_id, job_id)
         arn: str = self.client.start_execution(
             stateMachineArn=self.arn, name=job_id, input=json.dumps({"JobId": job_id, **job})
         )["executionArn"]
@@ -594,7 +605,7 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
     both nodes with one job ID; one node's command is cancelled the agent's way mid-run; the
     workflow cancels the rest after the grace, notifies, waits for the nodes, re-runs
     preflight and sends the same job ID again, which resumes from its last checkpoint and
-    finishes. A second job started meanwhile is refused, naming the running one. The trainers
+    finishes. A second job started meanwhile, outside the job queue, is refused. The trainers
     hold after step 5 (workload/stop.py) until the cancel, so the job resumes from step 5 on
     any machine."""
     job = "supervised"
@@ -606,11 +617,11 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
         held(tmp_path, job, 5, 400, lambda: supervisor.trace(execution))
         assert checkpoints(tmp_path / "jobs" / job) == [5]
 
-        second = supervisor.start("second", TrainArgs=join_train_args(args), **FAST)
+        second = supervisor.start("second", queued=False, TrainArgs=join_train_args(args), **FAST)
         assert supervisor.wait(second, 300) == "FAILED"
         refusal = supervisor.describe(second)
-        assert refusal["error"] == "JobAlreadyRunning"
-        assert f'"{job}"' in refusal["cause"], refusal["cause"]
+        assert refusal["error"] == "JobNotDispatched"
+        assert "does not name job second" in refusal["cause"], refusal["cause"]
 
         (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
         assert command.parameters["JobId"] == [job]

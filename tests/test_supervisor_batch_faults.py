@@ -29,6 +29,7 @@ import pytest
 
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
+from scripts.rehearsal.job_queue import claim_slot
 from scripts.rehearsal.supervisor import (
     MAP_RUN_FAILED,
     jayway_json_paths,
@@ -116,6 +117,7 @@ def simulated_job(template: dict[str, Any], **settings: Any) -> Iterator[Job]:
         stack.callback(agents.close)
         agents.attach(cloud)
         client = cloud.session().client("stepfunctions")
+        claim_slot(cloud.session(), cloud.stack_outputs()["JobQueueTableName"], JOB_ID, JOB_ID)
         execution = client.start_execution(
             stateMachineArn=arn, name=JOB_ID,
             input=json.dumps({"JobId": JOB_ID, **SETTINGS, **settings}),

@@ -13,7 +13,9 @@ local rehearsal can serve the same calls. Only client methods and paginators are
 - autoscaling: describe_auto_scaling_groups, describe_instance_refreshes,
   start_instance_refresh (fleet.py)
 - fsx: create_data_repository_task, describe_data_repository_tasks (storage.py)
-- stepfunctions: the job supervisor's executions (executions.py, jobs.py)
+- stepfunctions: the job supervisor's executions (executions.py, jobs.py), the job queue's
+  dispatcher (queue.py)
+- dynamodb: the job queue (queue.py): query, get_item, put_item, delete_item
 
 An AWS error becomes a one-line ClusterError that says what to do (`aws_errors`,
 `cluster_error`). One that may pass if we wait (throttling, a 5xx, a time-out, an expired SSO
@@ -169,7 +171,9 @@ def error_code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
-CLIENT_SERVICES = ("cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions")
+CLIENT_SERVICES = (
+    "cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions", "dynamodb",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ class Clients:
     autoscaling: Any
     fsx: Any
     stepfunctions: Any
+    dynamodb: Any
 
     @classmethod
     def from_session(cls, session: Session) -> Clients:

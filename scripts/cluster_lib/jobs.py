@@ -39,10 +39,11 @@ from scripts.cluster_lib.executions import (
 from scripts.cluster_lib.fleet import Node
 from scripts.cluster_lib.logs import LogFollower, job_output_window, metrics_stream
 from scripts.cluster_lib.progress import Progress, read, summarize
+from scripts.cluster_lib.queue import JobQueue
 from stacks import supervisor_limits as limits
 
 #: The failure names the state machine ends with (stacks/supervisor.py).
-REFUSED, FAILED, STOPPED = "JobAlreadyRunning", "JobFailed", "JobStopped"
+REFUSED, FAILED, STOPPED = "JobNotDispatched", "JobFailed", "JobStopped"
 MIXED_FLEET = "NodesRunDifferentSoftware"
 #: `stop` lists the job's running executions again after this many seconds (a successor that
 #: an execution started just before it was stopped), at most STOP_ROUNDS times.
@@ -123,6 +124,7 @@ class Jobs:
         self.sfn = self.executions.sfn
         self.out = cluster.patience.out
         self.chains = self.executions.chains
+        self.queue = JobQueue(cluster.clients.dynamodb, self.sfn, cluster.stack)
 
     # ----------------------------------------------------------------- starting
     def poll_seconds(self, requested: int | None) -> int:
@@ -153,7 +155,10 @@ class Jobs:
         retry_delay: float = 60,
         options: dict[str, Any] | None = None,
     ) -> str:
-        """Starts the job's execution; refuses, in one line, while another job runs."""
+        """Queues the job and starts the job queue's dispatcher, which starts the job's
+        execution once no other job holds the cluster (stacks/job_queue.py); refuses, in one
+        line, a job ID that is queued or running already. Returns the execution's ARN (it
+        exists once the job starts)."""
         parameters = job_parameters(
             job_id, train_args, master_port=master_port, nproc_per_node=nproc_per_node
         )
@@ -162,13 +167,20 @@ class Jobs:
         # Not while `roll` replaces nodes (the supervisor itself does not look at refreshes:
         # a retry during a refresh waits for a full set of InService nodes like any other).
         self.cluster.wait_for_refresh()
-        running = self.executions.running()
-        if running:
-            other = running[0]
+        for queued in self.queue.queued():
+            if queued.job_id == job_id:
+                raise ClusterError(
+                    f"job {job_id} is queued already (position {queued.position}): follow it "
+                    f"with `cluster.py jobs`, or take it off with `cluster.py stop --job-id "
+                    f"{job_id}`"
+                )
+        running = self.executions.running(job_id)
+        if running or self.queue.slot().get("JobId") == job_id:
+            name = running[0]["name"] if running else self.queue.slot().get("ExecutionName")
             raise ClusterError(
-                f"job {job_of(other['name'])} runs on this cluster (execution {other['name']}, "
-                f"started {other['startDate']:%Y-%m-%d %H:%M} UTC); one job at a time: wait for "
-                f"it, or stop it with `cluster.py stop --job-id {job_of(other['name'])}`"
+                f"job {job_id} runs already (execution {name}): follow it with `cluster.py "
+                f"logs --job-id {job_id} --follow`, or stop it with `cluster.py stop --job-id "
+                f"{job_id}`"
             )
         job = {
             **parameters,
@@ -177,19 +189,10 @@ class Jobs:
             **(options or {}),
         }
         name = execution_name(job_id, datetime.now(UTC))
-        try:
-            with aws_errors("starting the job's execution"):
-                started = self.sfn.start_execution(
-                    stateMachineArn=arn, name=name, input=json.dumps(job)
-                )
-        except ClusterError as error:
-            if "ExecutionAlreadyExists" in str(error):
-                raise ClusterError(
-                    f"an execution named {name} exists already: start the job again in a second"
-                ) from None
-            raise
-        execution: str = started["executionArn"]
-        return execution
+        self.queue.enqueue(job_id, name, job)
+        self.queue.dispatch()
+        # arn:aws:states:<region>:<account>:stateMachine:<machine> → …:execution:<machine>:<name>
+        return f"{arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
 
     def run(
         self, execution: str, job_id: str, *, detach: bool = False, stream: bool = True
@@ -200,18 +203,45 @@ class Jobs:
             name = execution.rsplit(":", 1)[-1]
             machine = execution.rsplit(":", 2)[-2]
             self.out(
-                f"job {job_id}: started execution {name} of {machine} (its supervisor in AWS "
-                "waits for the nodes, runs preflight, retries and resumes)"
+                f"job {job_id}: queued; it starts as execution {name} of {machine} when no "
+                "other job holds the cluster (its supervisor in AWS waits for the nodes, runs "
+                "preflight, retries and resumes)"
             )
             if detach:
-                self.out(f"job {job_id} runs under its supervisor; follow it with")
+                self.out(f"job {job_id} starts and runs in AWS without this terminal; follow it:")
                 self.out(f"  python scripts/cluster.py logs --job-id {job_id} --follow")
                 return
+            self.wait_for_start(execution, job_id)
             self.follow(execution, job_id, stream=stream)
         except KeyboardInterrupt:
             self.out(self.detached(job_id))
         except Detached as detached:
             self.out(str(detached))
+
+    def wait_for_start(self, execution: str, job_id: str) -> None:
+        """Until the dispatcher started the job's execution: its position in the queue, each
+        time it changes. A job taken off the queue (`stop`) ends the wait with one line."""
+        said = None
+        while True:
+            try:
+                self.sfn.describe_execution(executionArn=execution)
+                return
+            except ClientError as error:
+                if error_code(error) != "ExecutionDoesNotExist":
+                    raise ClusterError(f"following the job failed: {error}") from None
+            name = execution.rsplit(":", 1)[-1]
+            position = next((q.position for q in self.queue.queued() if q.job_id == job_id), None)
+            if position is None and self.queue.slot().get("ExecutionName") == name:
+                position = 0  # the dispatcher took it off the queue and starts it
+            elif position is None:
+                with contextlib.suppress(ClientError):
+                    self.sfn.describe_execution(executionArn=execution)
+                    return  # taken off the queue and started meanwhile
+                raise ClusterError(f"job {job_id} was taken off the queue before it started")
+            if position != said and position:
+                self.out(f"job {job_id}: queued at position {position}")
+            said = position
+            self.cluster.patience.pause()
 
     @staticmethod
     def detached(job_id: str) -> str:
@@ -413,6 +443,20 @@ class Jobs:
         records, _ = read(event["message"] for event in events)
         return summarize(records)
 
+    def queued_rows(self) -> list[JobRow]:
+        """One row per queued job, next to start first: status QUEUED and its position."""
+        return [
+            JobRow(
+                job_id=q.job_id,
+                status=f"QUEUED {q.position}",
+                started=datetime.strptime(q.submitted_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                    tzinfo=UTC
+                ),
+                duration="-",
+            )
+            for q in self.queue.queued()
+        ]
+
     # ----------------------------------------------------------------- stopping
     def stop(self, job_id: str) -> list[str]:
         """Stops the job's running executions (the supervisor neither retries nor starts
@@ -440,6 +484,13 @@ class Jobs:
                 stopped.append(execution["name"])
             self.cluster.patience.sleep(HANDOVER_SECONDS)
         return stopped
+
+    def refuse_unknown(self, job_id: str) -> None:
+        """One line for `stop` of a job ID that has no running execution and no command SSM
+        still runs: nothing of it to stop. It names the jobs that do run (a mistyped ID)."""
+        running = sorted({job_of(e["name"]) for e in self.executions.running()})
+        others = f" (running: {', '.join(running)})" if running else ""
+        raise ClusterError(f"job {job_id} is neither running nor queued{others}")
 
 
 class Detached(Exception):

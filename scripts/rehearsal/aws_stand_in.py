@@ -54,8 +54,8 @@ from scripts.rehearsal.logs_stand_in import LogsStandIn
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
 
 #: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
-#: moto's, with its ASL interpreter (supervisor.py).
-PASSED_THROUGH = {"stepfunctions"}
+#: moto's, with its ASL interpreter (supervisor.py), and so is DynamoDB (the job queue).
+PASSED_THROUGH = {"stepfunctions", "dynamodb"}
 TAG_KEY = "trainium-cluster:cluster"
 ROLE_TAG = "trainium-cluster:role"
 LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"

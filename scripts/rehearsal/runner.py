@@ -120,6 +120,7 @@ def _rehearse_through_run_command(
             retry_delay=5,
             options=REHEARSAL_SUPERVISOR,
         )
+        jobs.wait_for_start(execution, job_id)  # the job queue's dispatcher starts it
         jobs.follow(execution, job_id, stream=not quiet)  # Ctrl-C ends the rehearsal
     return _summary(output, job_id, out)
 

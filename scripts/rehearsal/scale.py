@@ -30,9 +30,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scripts.cluster_lib.executions import execution_name
+from scripts.cluster_lib.outputs import Stack
+from scripts.cluster_lib.queue import JobQueue
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories, synthesize_operations
@@ -177,9 +181,14 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
         client = cloud.session().client("stepfunctions")
         first_call = len(cloud.calls)
         started = time.monotonic()
-        execution = client.start_execution(
-            stateMachineArn=arn, name=JOB_ID, input=json.dumps({"JobId": JOB_ID, **SETTINGS})
-        )["executionArn"]
+        # As `train` starts a job: queued, then started by the job queue's dispatcher.
+        clients = cloud.clients()
+        queue = JobQueue(clients.dynamodb, clients.stepfunctions, Stack(
+            clients.cloudformation, cloud.cluster_name))  # fmt: skip
+        name = execution_name(JOB_ID, datetime.now(UTC))
+        queue.enqueue(JOB_ID, name, {"JobId": JOB_ID, **SETTINGS})
+        queue.dispatch()
+        execution = f"{arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
         first = agents.wait_launched(nodes, timeout)
         report.launch_seconds = time.monotonic() - started
         report.real_ranks = _real_ranks(cloud, agents, first)

@@ -3,10 +3,11 @@
 The operations stack's synthesized definition (stacks/supervisor.py) runs in moto's Amazon
 States Language interpreter (`execute_state_machine`, moto/stepfunctions/responses.py). Every
 AWS SDK call it makes to SSM, Auto Scaling, EC2 and SNS goes to the local Run Command stand-in
-(aws_stand_in.py), whose nodes run the real SSM documents; its
-ListExecutions call stays with moto. The CLI's own Step Functions calls (StartExecution,
-DescribeExecution, GetExecutionHistory, StopExecution) reach moto too, so `cluster.py train`
-drives the same definition that AWS runs, differing only in who delivers the commands.
+(aws_stand_in.py), whose nodes run the real SSM documents; its Step Functions and DynamoDB
+calls stay with moto. The job queue's dispatcher runs beside it, started when a supervisor
+execution ends as EventBridge's rule would (job_queue.py). The CLI's own Step Functions and
+DynamoDB calls reach moto too, so `cluster.py train` drives the same definitions that AWS runs,
+differing only in who delivers the commands.
 
 moto is a development dependency (requirements-dev.txt); the rehearsal says so in one line
 where it is missing.
@@ -31,6 +32,7 @@ from scripts.cluster_lib import REPO_ROOT, ClusterError
 from scripts.cluster_lib.documents import DOCUMENT_NAMES
 from scripts.rehearsal import sdk_parameters
 from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.job_queue import local_queue
 
 ACCOUNT = "123456789012"
 
@@ -70,10 +72,23 @@ def _resources(template: dict[str, Any], kind: str) -> dict[str, Any]:
     return {k: v for k, v in template["Resources"].items() if v["Type"] == kind}
 
 
-def definition(template: dict[str, Any], refs: dict[str, str]) -> dict[str, Any]:
+def _machine(template: dict[str, Any], part: str) -> tuple[str, dict[str, Any]]:
+    """The logical ID and resource of the state machine of construct `part` (JobSupervisor,
+    the job supervisor; JobDispatcher, the job queue's dispatcher)."""
+    ((logical_id, machine),) = [
+        (k, v)
+        for k, v in _resources(template, "AWS::StepFunctions::StateMachine").items()
+        if k.startswith(f"{part}StateMachine")
+    ]
+    return logical_id, machine
+
+
+def definition(
+    template: dict[str, Any], refs: dict[str, str], construct: str = "JobSupervisor"
+) -> dict[str, Any]:
     """The state machine's definition with its references replaced, as CloudFormation would
     deploy it (`refs`: logical ID or pseudo parameter to value)."""
-    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    _, machine = _machine(template, construct)
     text = ""
     for part in machine["Properties"]["DefinitionString"]["Fn::Join"][1]:
         if isinstance(part, str):
@@ -97,6 +112,8 @@ def stand_in_refs(template: dict[str, Any], cloud: LocalCloud, region: str) -> d
     for logical_id, group in _resources(template, "AWS::Logs::LogGroup").items():
         if "LogGroupName" not in group["Properties"]:
             refs[logical_id] = outputs["TrainingLogGroupName"]
+    for logical_id in _resources(template, "AWS::DynamoDB::GlobalTable"):
+        refs[logical_id] = f"{cloud.cluster_name}-operations-{logical_id}"
     return refs
 
 
@@ -401,8 +418,9 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
             return SfnAsSdkIntegration(original(region, service, state_credentials))
         return session.client(service, region_name=region)
 
-    parsed = definition(template, stand_in_refs(template, cloud, region))
-    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    refs = stand_in_refs(template, cloud, region)
+    parsed = definition(template, refs)
+    machine_id, machine = _machine(template, "JobSupervisor")
     name = machine["Properties"].get("StateMachineName", f"{cloud.cluster_name}-jobs")
     # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
@@ -414,6 +432,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         sdk_error_names(),
     ):
         paths.enter_context(patch)
+    queues = contextlib.ExitStack()
     mock.start()
     aws_sdk.boto_client_for = client_for
     # The interpreter logs, at ERROR, every JSONPath a Choice finds absent ($.Grace before a
@@ -430,15 +449,29 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
             type="STANDARD",
         )["stateMachineArn"]
         cloud.extra_outputs["JobStateMachineArn"] = arn
+        # The job queue: its table, its dispatcher and the rule that starts it.
+        queue = queues.enter_context(
+            local_queue(
+                session, region, template, refs, supervisor=arn,
+                definition=definition(
+                    template, {**refs, machine_id: arn}, construct="JobDispatcher"
+                ),
+                name=f"{cloud.cluster_name}-dispatcher",
+            )
+        )  # fmt: skip
+        cloud.extra_outputs["JobQueueTableName"] = queue.table
+        cloud.extra_outputs["JobDispatcherArn"] = queue.dispatcher
         yield arn
     finally:
+        queues.close()  # the rule first: it reads moto's executions
         with contextlib.suppress(Exception):
             client = session.client("stepfunctions", region_name=region)
             for execution in client.list_executions(stateMachineArn=arn, statusFilter="RUNNING")[
                 "executions"
             ]:
                 client.stop_execution(executionArn=execution["executionArn"])
-        cloud.extra_outputs.pop("JobStateMachineArn", None)
+        for output in ("JobStateMachineArn", "JobQueueTableName", "JobDispatcherArn"):
+            cloud.extra_outputs.pop(output, None)
         aws_sdk.boto_client_for = original
         quiet.setLevel(level)
         mock.stop()
