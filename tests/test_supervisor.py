@@ -27,6 +27,7 @@ from unittest.mock import patch
 
 import pytest
 
+from scripts.cluster_lib.code import reference_snapshot
 from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
@@ -51,6 +52,7 @@ from stacks.supervisor_limits import (
     poll_events,
 )
 from tests.cdk_support import Synth, cfn_lint, only_resource, resources, synth
+from tests.cluster_support import LONGEST_CODE
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -484,6 +486,15 @@ class Supervisor:
         ]
 
     def start(self, job_id: str, **job: Any) -> str:
+        """Starts an execution as `train` does; the job runs the reference workload's code
+        snapshot, put where the nodes find the data bucket's objects (/fsx/data, the
+        stand-in's output/data), unless `job` names one."""
+        if "CodeSnapshot" not in job:
+            packed = reference_snapshot()
+            path = self.cloud.output / "data" / packed.key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(packed.data)
+            job["CodeSnapshot"] = packed.sha256
         arn: str = self.client.start_execution(
             stateMachineArn=self.arn, name=job_id, input=json.dumps({"JobId": job_id, **job})
         )["executionArn"]
@@ -933,7 +944,7 @@ def test_the_host_list_is_one_state_and_its_payloads_fit_at_1024_nodes(default: 
     assert {len(a) for a in addresses} == {15}
     given = {
         # The longest job ID and TrainArgs the RunTraining document allows (64, 2048).
-        "Job": {**JOB_DEFAULTS, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
+        "Job": {**JOB_DEFAULTS, **LONGEST_CODE, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
         "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
         "ContinuedFrom": "",
         "NodeWaits": {"Count": 3},
@@ -1019,7 +1030,7 @@ def test_the_outcome_of_1024_nodes_that_all_failed_fits_in_a_state(default: Synt
         "End": True,
     }
     attempt = {
-        "Job": {**JOB_DEFAULTS, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
+        "Job": {**JOB_DEFAULTS, **LONGEST_CODE, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
         "Counters": {"Retries": 0, "Legs": 1, "Attempts": 1},
         "ContinuedFrom": "",
         "Nodes": {

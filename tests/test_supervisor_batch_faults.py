@@ -41,6 +41,7 @@ from scripts.rehearsal.supervisor import definition as machine_definition
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import SEND_BATCH
 from stacks.supervisor_run import CAUSE_GONE, INVALID_INSTANCE
+from tests.cluster_support import LONGEST_CODE
 from tests.test_supervisor import placeholder_refs, states
 
 NODES = 60  # two batches: SEND_BATCH and 10
@@ -310,7 +311,7 @@ def test_a_failed_read_of_the_nodes_is_caught_and_the_job_fails_naming_it(
     chosen["DescribeFailure"] = {**chosen["DescribeFailure"], "End": True}
     del chosen["DescribeFailure"]["Next"]
     given = {
-        "Job": {**JOB_DEFAULTS, "JobId": JOB_ID, "MaxRetries": 0},
+        "Job": {**JOB_DEFAULTS, **LONGEST_CODE, "JobId": JOB_ID, "MaxRetries": 0},
         "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
         "ContinuedFrom": "",
         "NodeWaits": {"Count": 0},

@@ -14,6 +14,8 @@ local rehearsal can serve the same calls. Only client methods and paginators are
   start_instance_refresh (fleet.py)
 - fsx: create_data_repository_task, describe_data_repository_tasks (storage.py)
 - stepfunctions: the job supervisor's executions (executions.py, jobs.py)
+- s3: head_object, put_object (a job's code snapshot, code.py), list_objects_v2 (its data,
+  job_inputs.py)
 
 An AWS error becomes a one-line ClusterError that says what to do (`aws_errors`,
 `cluster_error`). One that may pass if we wait (throttling, a 5xx, a time-out, an expired SSO
@@ -169,7 +171,9 @@ def error_code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
-CLIENT_SERVICES = ("cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions")
+CLIENT_SERVICES = (
+    "cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions", "s3",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ class Clients:
     autoscaling: Any
     fsx: Any
     stepfunctions: Any
+    s3: Any
 
     @classmethod
     def from_session(cls, session: Session) -> Clients:

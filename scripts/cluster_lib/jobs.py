@@ -38,6 +38,7 @@ from scripts.cluster_lib.executions import (
     job_of,
 )
 from scripts.cluster_lib.fleet import Node
+from scripts.cluster_lib.job_inputs import JobInputs
 from scripts.cluster_lib.logs import LogFollower, job_output_window, job_stream
 from stacks import supervisor_limits as limits
 
@@ -147,6 +148,7 @@ class Jobs:
         self,
         job_id: str,
         train_args: list[str],
+        inputs: JobInputs,
         *,
         master_port: str = "29500",
         nproc_per_node: str = "auto",
@@ -156,8 +158,9 @@ class Jobs:
     ) -> str:
         """Starts the job's execution; refuses, in one line, while another job runs."""
         parameters = job_parameters(
-            job_id, train_args, master_port=master_port, nproc_per_node=nproc_per_node
-        )
+            job_id, train_args, master_port=master_port, nproc_per_node=nproc_per_node,
+            **inputs.parameters(),
+        )  # fmt: skip
         load("RunTraining").check(parameters, CLI_LABELS)
         arn = self.executions.state_machine
         # Not while `roll` replaces nodes (the supervisor itself does not look at refreshes:

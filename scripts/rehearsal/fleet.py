@@ -155,7 +155,7 @@ class SimulatedInstances(Instances):
         settings = {
             "CLUSTER_NAME": self.cluster_name, "INSTANCE_TYPE": "trn1.32xlarge",
             "NODE_COUNT": str(self.hosts.count), "FSX_MOUNT_POINT": str(root / "fsx"),
-            "WORKLOAD_DIR": str(REPO_ROOT / "workload"), "NEURON_VENV": str(root / "no-venv"),
+            "NEURON_VENV": str(root / "no-venv"),
             "SOFTWARE_VERSION": self.software_version,
         }  # fmt: skip
         (root / "cluster.env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
