@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.cluster_lib.job_inputs import prepare
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories, synthesize_operations
@@ -175,11 +176,17 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
         stack.callback(agents.close)
         agents.attach(cloud)
         client = cloud.session().client("stepfunctions")
+        # The job's code, uploaded as `train` uploads it (the real nodes run it).
+        inputs = prepare(
+            cloud.session().client("s3"), cloud.data_bucket, code=None, script=None,
+            module=None, data=None, out=lambda _: None,
+        )  # fmt: skip
         first_call = len(cloud.calls)
         started = time.monotonic()
-        execution = client.start_execution(
-            stateMachineArn=arn, name=JOB_ID, input=json.dumps({"JobId": JOB_ID, **SETTINGS})
-        )["executionArn"]
+        job = {"JobId": JOB_ID, **inputs.parameters(), **SETTINGS}
+        execution = client.start_execution(stateMachineArn=arn, name=JOB_ID, input=json.dumps(job))[
+            "executionArn"
+        ]
         first = agents.wait_launched(nodes, timeout)
         report.launch_seconds = time.monotonic() - started
         report.real_ranks = _real_ranks(cloud, agents, first)
