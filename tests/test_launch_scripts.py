@@ -819,3 +819,50 @@ def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:
         "neuron_parallel_compile not found: precompiling needs the Neuron SDK "
         f"(NEURON_VENV={node.root / 'no-venv'} has none)"
     ]
+
+
+# ---------------------------------------------------------------------- the job's code
+def test_launch_runs_the_code_snapshot_unpacked_once_in_the_nodes_cache(node: FakeNode) -> None:
+    """--code SHA256: launch.sh takes the snapshot from /fsx/data/code/ (where the file system
+    shows the data bucket's objects), checks its sha256, unpacks it into the node's cache and
+    runs the entry point from there; a second job with the same code unpacks nothing."""
+    sha = node.snapshot()
+    result = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", sha,
+                      "--data", "/fsx/data", "--", "--lr", "1")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    cache = node.root / "code-cache" / sha
+    assert f"code: snapshot {sha} unpacked to {cache}" in result.stdout
+    assert (cache / "workload" / "train.py").read_text() == (node.workload / "train.py").read_text()
+    env = node.torchrun_env()
+    assert env["TRAINIUM_CODE_DIR"] == str(cache) and env["TRAINIUM_CODE_SNAPSHOT"] == sha
+    assert env["PYTHONPATH"].split(":")[0] == str(cache)
+    assert env["TRAINIUM_DATA_DIR"] == f"{node.fsx}/data"  # /fsx as this node mounts it
+    assert node.torchrun_args()[10:] == ["-m", "workload.train", "--lr", "1"]
+    assert not list((node.root / "code-cache").glob(f".{sha}.*[!k]"))  # no staging left
+    again = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", sha)
+    assert again.returncode == 0
+    assert f"code: snapshot {sha}, unpacked on this node already" in again.stdout
+
+
+def test_launch_refuses_code_it_cannot_find_or_verify_in_one_line(node: FakeNode) -> None:
+    """A snapshot that does not appear (bounded wait), or whose bytes are not its name's
+    sha256, ends the command before torchrun with the job's input status (job_code.sh)."""
+    missing = "0" * 64
+    result = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", missing,
+                      TRAINIUM_CODE_WAIT="1")  # fmt: skip
+    assert result.returncode != 0
+    tarball = f"{node.fsx}/data/code/{missing}.tar.gz"
+    assert errors(result) == [
+        f"code snapshot {missing} is not at {tarball} after 1 s: upload it with `cluster.py "
+        f"train --code DIR` (it puts s3://<data bucket>/code/{missing}.tar.gz)"
+    ]
+    assert "launch.sh ended with status 2" in result.stdout or result.returncode == 2
+    named = "1" * 64
+    (node.fsx / "data" / "code").mkdir(parents=True)
+    (node.fsx / "data" / "code" / f"{named}.tar.gz").write_bytes(b"not the snapshot")
+    result = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", named)
+    (line,) = errors(result)
+    assert line.startswith(f"code snapshot {node.fsx}/data/code/{named}.tar.gz has sha256 ")
+    assert line.endswith(f", not {named}: upload it again with `cluster.py train --code DIR`")
+    assert not (node.root / "torchrun.args").exists()
+    assert not (node.root / "code-cache" / named).exists()
