@@ -141,6 +141,8 @@ def test_an_entry_script_must_be_in_the_snapshot(tmp_path: Path) -> None:
     root = tree(tmp_path / "code", FILES)
     assert pack(root, "lib/model.py", None)[1] == "lib/model.py"
     assert pack(root, None, "lib.model")[1] == "-m lib.model"
+    with pytest.raises(ClusterError, match=r"^the code snapshot has no workload/train\.py, the"):
+        pack(root, None, None)
     with pytest.raises(ClusterError) as error:
         pack(root, "src/train.py", None)
     assert str(error.value).startswith(

@@ -119,7 +119,7 @@ def simulated_job(template: dict[str, Any], **settings: Any) -> Iterator[Job]:
         client = cloud.session().client("stepfunctions")
         execution = client.start_execution(
             stateMachineArn=arn, name=JOB_ID,
-            input=json.dumps({"JobId": JOB_ID, **SETTINGS, **settings}),
+            input=json.dumps({"JobId": JOB_ID, **LONGEST_CODE, **SETTINGS, **settings}),
         )["executionArn"]  # fmt: skip
         yield Job(cloud, agents, client, execution, children)
 

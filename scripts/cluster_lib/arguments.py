@@ -107,6 +107,11 @@ def entry_point(script: str | None, module: str | None, names: tuple[str, ...]) 
     if module is not None:
         return f"-m {module}"
     if script is None:
+        if "workload/train.py" not in names:
+            raise UsageError(
+                "the code snapshot has no workload/train.py, the default entry point "
+                "(-m workload.train): name yours with --entry SCRIPT or --module MODULE"
+            )
         return "-m workload.train"
     if script not in names:
         raise UsageError(
