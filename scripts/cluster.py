@@ -3,8 +3,9 @@
 
     python scripts/cluster.py status
     python scripts/cluster.py preflight
-    python scripts/cluster.py precompile --job-id ID [--steps 10] -- <train.py args>
-    python scripts/cluster.py train --job-id ID [--max-retries N] [--detach] -- <train.py args>
+    python scripts/cluster.py precompile --job-id ID [--steps 10] [--code DIR ...] -- <args>
+    python scripts/cluster.py train [--job-id ID] [--code DIR] [--entry SCRIPT | --module M]
+                                    [--data s3://BUCKET/PREFIX] [--detach] -- <entry args>
     python scripts/cluster.py jobs [--limit 10]
     python scripts/cluster.py stop --job-id ID
     python scripts/cluster.py logs --job-id ID [--node RANK|ADDRESS|INSTANCE] [--follow]
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from scripts.cluster_lib.clients import Session
     from scripts.cluster_lib.cluster import Cluster
     from scripts.cluster_lib.commands import CommandResult
+    from scripts.cluster_lib.job_inputs import JobInputs
 
 DEFAULT_CLUSTER = os.environ.get("TRAINIUM_CLUSTER_NAME", "trainium")
 
@@ -113,6 +115,24 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--nproc-per-node", default="auto", help="processes per node (default: NeuronCores)"
         )
+        p.add_argument(
+            "--code", type=Path, default=None, metavar="DIR",
+            help="the job's code directory, snapshotted and run on every node (default: the "
+            "reference workload, workload/)",
+        )  # fmt: skip
+        p.add_argument(
+            "--entry", default=None, metavar="SCRIPT",
+            help="the script to run under torchrun, relative to --code",
+        )  # fmt: skip
+        p.add_argument(
+            "--module", default=None, metavar="MODULE",
+            help="the module to run under torchrun (python -m); default: workload.train",
+        )  # fmt: skip
+        p.add_argument(
+            "--data", default=None,
+            help="the training data: s3://<the cluster's data bucket>/<prefix> or a path "
+            "under /fsx; the job gets it as TRAINIUM_DATA_DIR",
+        )  # fmt: skip
 
     precompile = sub.add_parser(
         "precompile", parents=[common], help="fill the compile cache for a job"
@@ -435,9 +455,21 @@ def cmd_rehearse(args: argparse.Namespace, train_args: list[str]) -> int:
     return 0
 
 
+def job_inputs(cluster: Cluster, args: argparse.Namespace) -> JobInputs:
+    """The job's code snapshot (packed, checked, uploaded once) and its data, checked."""
+    from scripts.cluster_lib.job_inputs import prepare
+
+    bucket = cluster.outputs().data_bucket
+    return prepare(
+        cluster.clients.s3, bucket, code=args.code, script=args.entry, module=args.module,
+        data=args.data, out=out,
+    )  # fmt: skip
+
+
 def cmd_precompile(cluster: Cluster, args: argparse.Namespace, train_args: list[str]) -> int:
+    inputs = job_inputs(cluster, args)
     result = cluster.precompile(
-        args.job_id, train_args, steps=args.steps, master_port=args.master_port,
+        args.job_id, train_args, inputs, steps=args.steps, master_port=args.master_port,
         nproc_per_node=args.nproc_per_node,
     )  # fmt: skip
     return report(result, f"precompile of job {args.job_id}")
@@ -451,8 +483,10 @@ def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str])
         out(f"job ID: {job_id} (train again with --job-id {job_id} to resume it)")
     jobs = Jobs(cluster)
     poll = jobs.poll_seconds(args.check_every)
+    inputs = job_inputs(cluster, args)
     execution = jobs.start(
-        job_id, train_args, master_port=args.master_port, nproc_per_node=args.nproc_per_node,
+        job_id, train_args, inputs, master_port=args.master_port,
+        nproc_per_node=args.nproc_per_node,
         max_retries=args.max_retries, retry_delay=args.retry_delay,
         options={"PollSeconds": poll, "FailureGraceSeconds": args.failure_grace},
     )  # fmt: skip

@@ -1,9 +1,12 @@
 """Compute stack: the nodes. A launch template with one EFA interface per network card, a
 cluster placement group, and an Auto Scaling group of fixed size that replaces failed nodes.
 
-Nodes get their software from two S3 assets (the repository's scripts/node and workload
-folders); user data only downloads them, writes /etc/trainium-cluster/cluster.env and runs
-bootstrap.sh. All node logic lives in scripts/node/*.sh.
+Nodes get their software from one S3 asset, the repository's scripts/node folder (with the
+reference workload's requirements, which bootstrap installs into the venv every job's code
+runs in); user data only downloads it, writes /etc/trainium-cluster/cluster.env and runs
+bootstrap.sh. All node logic lives in scripts/node/*.sh. A job's code is not node software: it
+travels with the job as a snapshot in the data bucket (scripts/cluster_lib/code.py), so a new
+version of it needs neither a deploy nor a roll.
 
 A node counts as in service only once bootstrap.sh has completed the group's launch lifecycle
 hook with CONTINUE; a failed bootstrap completes it with ABANDON (or the hook times out), and
@@ -42,7 +45,6 @@ from stacks.storage import FSX_MOUNT_POINT, StorageStack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS_DIR = REPO_ROOT / "scripts" / "node"
-WORKLOAD_DIR = REPO_ROOT / "workload"
 ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache", "*.egg-info"]
 
 INSTALL_ROOT = "/opt/trainium-cluster"
@@ -106,8 +108,8 @@ def network_interfaces(
 
 
 def software_version(asset_hashes: list[str]) -> str:
-    """16 hex digits naming the node software: a digest of the node-scripts and workload asset
-    hashes. Two nodes with the same value run the same scripts and workload."""
+    """16 hex digits naming the node software: a digest of the node-scripts asset's hash. Two
+    nodes with the same value run the same node scripts (a job's code is the job's own)."""
     digest = hashlib.sha256("\n".join(asset_hashes).encode()).hexdigest()
     return digest[:16]
 
@@ -440,18 +442,15 @@ class ComputeStack(cdk.Stack):
         node_scripts = s3_assets.Asset(
             self, "NodeScriptsAsset", path=str(NODE_SCRIPTS_DIR), exclude=ASSET_EXCLUDES
         )
-        workload = s3_assets.Asset(
-            self, "WorkloadAsset", path=str(WORKLOAD_DIR), exclude=ASSET_EXCLUDES
-        )
         role = NodeRole(
             self,
             "NodeRole",
             config=config,
             storage=storage,
             training_log_group=training_log_group,
-            assets=[node_scripts, workload],
+            assets=[node_scripts],
         )
-        version = software_version([node_scripts.asset_hash, workload.asset_hash])
+        version = software_version([node_scripts.asset_hash])
         env = {
             "CLUSTER_NAME": config.cluster_name,
             "AWS_REGION": config.region,
@@ -464,7 +463,6 @@ class ComputeStack(cdk.Stack):
             "CHECKPOINT_BUCKET": storage.checkpoint_bucket.bucket_name,
             "COMPILE_CACHE_URL": storage.compile_cache_url,
             "TRAINING_LOG_GROUP": training_log_group.log_group_name,
-            "WORKLOAD_DIR": f"{INSTALL_ROOT}/workload",
             "NEURON_VENV": NEURON_VENV,
             "METRICS_NAMESPACE": config.metrics_namespace,
             "SOFTWARE_VERSION": version,
@@ -476,9 +474,7 @@ class ComputeStack(cdk.Stack):
             # node with fewer a hardware fault.
             "EFA_DEVICE_COUNT": str(config.instance.efa_interfaces),
         }
-        self.user_data = node_user_data(
-            region=config.region, node_scripts=node_scripts, workload=workload, env=env
-        )
+        self.user_data = node_user_data(region=config.region, node_scripts=node_scripts, env=env)
         self.nodes = ClusterNodes(
             self,
             "Nodes",
@@ -509,14 +505,14 @@ def node_user_data(
     *,
     region: str,
     node_scripts: s3_assets.Asset,
-    workload: s3_assets.Asset,
     env: dict[str, str],
 ) -> ec2.UserData:
-    """Download and unpack the two assets, write cluster.env, run bootstrap.sh. Nothing else."""
+    """Download and unpack the node scripts, write cluster.env, run bootstrap.sh. Nothing
+    else."""
     user_data = ec2.UserData.for_linux()
     user_data.add_commands("set -euo pipefail")
     zips = {}
-    for name, asset in (("scripts/node", node_scripts), ("workload", workload)):
+    for name, asset in (("scripts/node", node_scripts),):
         zips[name] = user_data.add_s3_download_command(
             bucket=asset.bucket,
             bucket_key=asset.s3_object_key,

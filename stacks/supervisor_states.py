@@ -26,8 +26,12 @@ from stacks.supervisor_tasks import choice, fail, pass_state, time_parts, wait
 #: DynamoDB's conditional-write failure as Step Functions names it (ServiceName.ErrorName).
 SLOT_NOT_HELD = "DynamoDb.ConditionalCheckFailedException"
 
-#: What an execution's input may set, with its default (the CLI passes JobId and TrainArgs).
+#: What an execution's input may set, with its default (the CLI passes JobId, CodeSnapshot,
+#: which has no default, EntryPoint, DataPath and TrainArgs). Every attempt and leg of the
+#: job, and every execution it is handed over to, sends the same CodeSnapshot.
 JOB_DEFAULTS: dict[str, Any] = {
+    "EntryPoint": "-m workload.train",
+    "DataPath": "",
     "TrainArgs": "",
     "MasterPort": "29500",
     "NprocPerNode": "auto",
@@ -39,6 +43,12 @@ JOB_DEFAULTS: dict[str, Any] = {
     # the attempt is cancelled (a data-parallel job cannot go on without a rank).
     "FailureGraceSeconds": 300,
 }
+
+#: The RunTraining document's parameters the supervisor takes from the job (Hosts, and the
+#: time limits, come from its own states).
+RUN_TRAINING_PARAMETERS = (
+    "JobId", "MasterPort", "NprocPerNode", "CodeSnapshot", "EntryPoint", "DataPath", "TrainArgs",
+)  # fmt: skip
 
 
 def host_list_format(path: str, count: int) -> str:
@@ -343,7 +353,7 @@ class SupervisorStates(OutcomeStates):
         return run_on_every_node(
             self.t,
             "RunTraining",
-            {name: from_job(name) for name in ("JobId", "MasterPort", "NprocPerNode", "TrainArgs")},
+            {name: from_job(name) for name in RUN_TRAINING_PARAMETERS},
             comment="{} attempt {}",
         )
 

@@ -17,6 +17,7 @@ from scripts.cluster_lib.clients import Clients
 from scripts.cluster_lib.cluster import Cluster
 from scripts.cluster_lib.commands import CommandResult
 from scripts.cluster_lib.documents import join_train_args
+from scripts.cluster_lib.job_inputs import JobInputs
 
 REGION = "us-east-1"
 OUTPUTS = {
@@ -42,6 +43,15 @@ OUTPUTS = {
 }
 SOFTWARE = "node-software: version=0123456789abcdef launch-template-version=3 ami=ami-12c6146b"
 TRAIN_ARGS = ["--data", "/fsx/data/imdb", "--model", "tiny", "--max-steps", "100"]
+#: A job's code and data parameters at the longest the documents allow (CodeSnapshot 64,
+#: EntryPoint's maxChars 259, DataPath's 1024), for the supervisor's payload arithmetic.
+LONGEST_CODE = {
+    "CodeSnapshot": "f" * 64,
+    "EntryPoint": "x" * 256 + ".py",
+    "DataPath": "/fsx/" + "d" * 1019,
+}
+#: A job's code and data as `train` sends them (the reference workload's entry point).
+INPUTS = JobInputs("0123456789abcdef" * 4, "-m workload.train", "/fsx/data/imdb")
 Instance = dict[str, Any]
 Status = str | tuple[str, int]
 

@@ -40,9 +40,20 @@ def listed_actions() -> set[str]:
     return set(re.findall(r"`([a-z0-9-]+:[A-Za-z0-9]+)`", text))
 
 
+#: Operations whose IAM action has another name. Amazon S3's Service Authorization Reference
+#: entry and the S3 API reference ("Permissions" of each operation): HeadObject needs
+#: s3:GetObject, ListObjectsV2 needs s3:ListBucket, ListBuckets s3:ListAllMyBuckets.
+OPERATION_ACTIONS = {
+    "s3:HeadObject": "s3:GetObject",
+    "s3:ListObjectsV2": "s3:ListBucket",
+    "s3:ListBuckets": "s3:ListAllMyBuckets",
+}
+
+
 def iam_action(model: Any) -> str:
     """The IAM action of a botocore OperationModel."""
-    return f"{model.service_model.signing_name}:{model.name}"
+    operation = f"{model.service_model.signing_name}:{model.name}"
+    return OPERATION_ACTIONS.get(operation, operation)
 
 
 def called_from_cli() -> bool:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scripts.cluster_lib.code import snapshot
 from scripts.cluster_lib.documents import load
 from scripts.rehearsal.ssm_agent import substitute
 
@@ -77,8 +78,11 @@ class FakeNode:
         self.state = root / "state"
         self.logs = root / "log"
         self.fsx = root / "fsx"
-        self.workload = root / "workload"
-        self.workload.mkdir()
+        # The job's code (launch.sh --code-dir): the reference trainer's layout, a workload/
+        # package whose train.py these tests replace with what they need.
+        self.code = root / "code"
+        self.workload = self.code / "workload"
+        self.workload.mkdir(parents=True)
         (self.workload / "train.py").write_text("raise SystemExit('not run by these tests')\n")
         self.env_file = root / "cluster.env"
         self.tool("ip", FAKE_IP)
@@ -89,7 +93,6 @@ class FakeNode:
             "NODE_COUNT": "2",
             "FSX_MOUNT_POINT": str(self.fsx),
             "COMPILE_CACHE_URL": f"{self.fsx}/neuron-compile-cache",
-            "WORKLOAD_DIR": str(self.workload),
             "NEURON_VENV": str(root / "no-venv"),
         }
         self.write_env()
@@ -121,11 +124,16 @@ class FakeNode:
             TRAINIUM_CLUSTER_ENV=str(self.env_file),
             TRAINIUM_STATE_DIR=str(self.state),
             TRAINIUM_LOG_DIR=str(self.logs),
+            TRAINIUM_CODE_CACHE=str(self.root / "code-cache"),
         )
         env.update(extra)
         return env
 
     def run(self, script: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        """Runs a node script; launch.sh and precompile.sh get `--code-dir` (the node's code
+        folder, as it is) unless the arguments name the code."""
+        if script in ("launch.sh", "precompile.sh") and not {"--code", "--code-dir"} & set(args):
+            args = ("--code-dir", str(self.code), *args)
         return subprocess.run(
             ["bash", str(NODE / script), *args],
             capture_output=True, text=True, env=self.env(**extra), timeout=120, check=False,
@@ -136,11 +144,23 @@ class FakeNode:
     ) -> subprocess.CompletedProcess[str]:
         """Runs a document's command line the way SSM does: defaults filled in, placeholders
         replaced, through `sh`, with the scripts at /opt/trainium-cluster (here: the
-        repository)."""
+        repository). A job's document gets the node's code as a snapshot unless `values`
+        names one."""
+        if name in ("RunTraining", "Precompile") and "CodeSnapshot" not in values:
+            values = {**values, "CodeSnapshot": self.snapshot()}
         return subprocess.run(
             ["sh", "-c", document_command(name, values)], capture_output=True, text=True,
             env=self.env(**extra), timeout=120, check=False,
         )  # fmt: skip
+
+    def snapshot(self) -> str:
+        """Packs the node's code folder as `train` does and puts it where the file system
+        shows the data bucket's code/ objects (/fsx/data/code/); returns its sha256."""
+        packed = snapshot(self.code)
+        path = self.fsx / "data" / packed.key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(packed.data)
+        return packed.sha256
 
     def torchrun_args(self) -> list[str]:
         return (self.root / "torchrun.args").read_text().splitlines()

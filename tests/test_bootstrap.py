@@ -329,6 +329,7 @@ def run_bootstrap(node: FakeNode, **extra: str) -> subprocess.CompletedProcess[s
         "TRAINIUM_CW_AGENT_DIR": str(node.root / "cwagent"),
         "TRAINIUM_NEURON_BIN": str(node.root / "neuron-bin"),
         "TRAINIUM_WORKLOAD_VENV": str(node.root / "workload-venv"),
+        "TRAINIUM_BASE_REQUIREMENTS": str(node.workload / "requirements.txt"),
         "TRAINIUM_SYSTEM_PYTHON": str(node.root / "no-system-python"),
         "TRAINIUM_OS_RELEASE": str(node.root / "os-release"),
         "TRAINIUM_SYS_BLOCK": str(node.root / "sys" / "block"),
@@ -478,7 +479,7 @@ def test_bootstrap_prepares_the_node_and_a_second_run_changes_nothing(node: Fake
     log = (node.logs / "bootstrap.log").read_text()
     for phase in (
         "environment", "identity", "boot-unit", "scratch", "fsx", "neuron", "efa", "python",
-        "workload", "compile-cache", "monitoring", "lifecycle", "ready",
+        "compile-cache", "monitoring", "lifecycle", "ready",
     ):  # fmt: skip
         assert re.search(rf"phase {phase}: done in \d+ s", log), phase
 

@@ -16,6 +16,7 @@ from botocore.stub import ANY
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.jobs import Jobs
 from tests.cluster_support import (
+    INPUTS,
     OUTPUTS,
     REGION,
     SOFTWARE,
@@ -200,7 +201,7 @@ def test_bad_parameters_are_refused_before_any_aws_call(
     aws: FakeAws, job_id: str, args: list[str], message: str
 ) -> None:
     with pytest.raises(ClusterError, match=message):
-        Jobs(aws.cluster()).start(job_id, args)
+        Jobs(aws.cluster()).start(job_id, args, INPUTS)
     aws.verify()
 
 
@@ -221,10 +222,10 @@ def test_precompile_sends_steps_and_train_args(aws: FakeAws) -> None:
     aws.online(nodes)
     parameters = {
         "Hosts": hosts(nodes), "JobId": "bert-1", "MasterPort": "29500", "NprocPerNode": "auto",
-        "Steps": "5", "TrainArgs": "--model tiny",
+        "Steps": "5", **INPUTS.parameters(), "TrainArgs": "--model tiny",
     }  # fmt: skip
     aws.all_succeed(aws.send("Precompile", nodes, parameters), nodes)
-    assert aws.cluster().precompile("bert-1", ["--model", "tiny"], steps="5").ok
+    assert aws.cluster().precompile("bert-1", ["--model", "tiny"], INPUTS, steps="5").ok
     aws.verify()
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from scripts.cluster_lib import ClusterError
 from tests.cluster_support import (
+    INPUTS,
     OUTPUTS,
     TRAIN_ARGS,
     FakeAws,
@@ -168,7 +169,7 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
     with sfn:
         jobs = Jobs(aws.cluster())
         arn = jobs.start(
-            "bert-1", TRAIN_ARGS, max_retries=3, retry_delay=30, options={"PollSeconds": 60}
+            "bert-1", TRAIN_ARGS, INPUTS, max_retries=3, retry_delay=30, options={"PollSeconds": 60}
         )
         (queued,) = jobs.queue.queued()
     sfn.assert_no_pending_responses()
@@ -183,6 +184,8 @@ def test_a_job_starts_only_after_an_instance_refresh_and_with_its_settings(aws: 
     )["Item"]
     assert json.loads(item["Input"]["S"]) == {
         "JobId": "bert-1", "MasterPort": "29500", "NprocPerNode": "auto",
+        "CodeSnapshot": INPUTS.code, "EntryPoint": "-m workload.train",
+        "DataPath": "/fsx/data/imdb",
         "TrainArgs": " ".join(TRAIN_ARGS), "MaxRetries": 3, "RetryDelaySeconds": 30,
         "PollSeconds": 60,
     }  # fmt: skip

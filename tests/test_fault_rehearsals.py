@@ -333,9 +333,10 @@ def test_oom_kills_then_a_lost_efa_device_and_a_failed_bootstrap_the_job_finishe
 
 
 def assert_trainer(killed: Killed) -> None:
-    """The process killed is a trainer (train.py under torchrun), not torchrun itself."""
+    """The process killed is a trainer (the job's entry point under torchrun: by default
+    `python -m workload.train` from the job's code snapshot), not torchrun itself."""
     words = killed.command.split()
-    assert any(w.endswith("train.py") for w in words), killed
+    assert any(w.endswith("train.py") or w == "workload.train" for w in words), killed
     assert not any(w.rsplit("/", 1)[-1] == "torchrun" for w in words[:2]), killed
 
 

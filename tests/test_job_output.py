@@ -34,7 +34,7 @@ LOG_GROUP = "/trainium-cluster/trainium/training"
 # torchrun's stand-in: runs the trainer (train.py and its arguments) in its own place, so the
 # trainer writes to what torchrun's stdout and stderr are.
 TORCHRUN_RUNS_THE_TRAINER = """#!/usr/bin/env bash
-while (($#)) && [[ $1 != *train.py ]]; do shift; done
+while (($#)) && [[ $1 != *train.py && $1 != -m ]]; do shift; done
 exec "$TRAINER_PYTHON" "$@"
 """
 
@@ -47,7 +47,9 @@ import json, logging, os, sys, time
 args = sys.argv[1:]
 def value(name, default):
     return int(args[args.index(name) + 1]) if name in args else default
-output = args[args.index("--output") + 1]
+output = os.environ.get("TRAINIUM_OUTPUT_DIR", "")  # the job's directory (launch.sh)
+if "--output" in args:
+    output = args[args.index("--output") + 1]
 steps, lines, width = value("--steps", 100), value("--lines", 4), value("--width", 1000)
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s rank 0: %(message)s")
 log = logging.getLogger("train")
@@ -90,6 +92,7 @@ def run_as_the_agent(node: FakeNode, job_id: str, train_args: str) -> tuple[Agen
     }
     command = document_command("RunTraining", {
         "Hosts": "10.1.0.12", "JobId": job_id, "NprocPerNode": "1", "TrainArgs": train_args,
+        "CodeSnapshot": node.snapshot(),
     })  # fmt: skip
     script = start_script(command, node.root / "agent" / job_id, env)
     try:

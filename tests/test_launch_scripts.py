@@ -69,9 +69,15 @@ def test_launch_finds_its_rank_from_its_own_address(node: FakeNode) -> None:
     command = result.stdout.strip().splitlines()[-1].split()
     assert command == [
         "torchrun", "--nnodes", "3", "--node_rank", "1", "--master_addr", "10.1.0.5",
-        "--master_port", "29500", "--nproc_per_node", "2", f"{node.workload}/train.py",
-        "--output", f"{node.fsx}/jobs/bert-1", "--model", "tiny",
+        "--master_port", "29500", "--nproc_per_node", "2", "-m", "workload.train",
+        "--model", "tiny",
     ]  # fmt: skip
+    # The job's directory comes through the contract's environment, not --output.
+    assert f"TRAINIUM_OUTPUT_DIR={node.fsx}/jobs/bert-1" in result.stdout
+    assert f"TRAINIUM_CHECKPOINT_DIR={node.fsx}/jobs/bert-1/checkpoints" in result.stdout
+    assert f"TRAINIUM_CODE_DIR={node.code}" in result.stdout
+    assert f"PYTHONPATH={node.code}" in result.stdout
+    assert "TRAINIUM_LEG_DEADLINE=0" in result.stdout
     assert "GLOO_SOCKET_IFNAME=ens5" in result.stdout
     assert "TRAINIUM_NODE_RANK=1" in result.stdout
 
@@ -83,7 +89,7 @@ def test_launch_takes_an_explicit_node_address(node: FakeNode) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "--node_rank 1 --master_addr 127.0.0.1" in result.stdout
-    assert f"--output {node.root}/jobs/j" in result.stdout
+    assert f"TRAINIUM_OUTPUT_DIR={node.root}/jobs/j\n" in result.stdout
     assert "GLOO_SOCKET_IFNAME=lo" in result.stdout
 
 
@@ -115,7 +121,7 @@ BAD_INPUT = [
     ([*ONE, "--nproc-per-node", "1", "--", "--output", "/tmp/x"],
      "train.py arguments must not set --output: the job writes to <jobs-root>/<job-id>"),
     ([*ONE, "--bogus"],
-     "unknown option '--bogus': options come first, then -- and the train.py arguments "
+     "unknown option '--bogus': options come first, then -- and the entry point's arguments "
      "(see --help)"),
     (["--hosts"], "--hosts needs a value (see --help)"),
 ]  # fmt: skip
@@ -159,7 +165,7 @@ def test_launch_on_trainium_sets_the_efa_and_neuron_environment(node: FakeNode) 
     # the shared cache is skipped ("Got a cached failed neff") by every later run.
     assert "--retry_failed_compilation" in flags
     assert env["TRAINIUM_JOB_ID"] == "bert-1"
-    assert env["PYTHONPATH"].split(":")[0] == str(node.root)
+    assert env["PYTHONPATH"].split(":")[0] == str(node.code)
 
 
 # neuron-ls -j as the Neuron LS User Guide shows it (tools/neuron-sys-tools/neuron-ls.rst): a
@@ -228,8 +234,7 @@ def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: Fake
     result = node.run_document("RunTraining", values)
     assert result.returncode == 0, result.stderr
     assert node.torchrun_args()[10:] == [
-        f"{node.workload}/train.py", "--output", f"{node.fsx}/jobs/bert-1",
-        "--data", "/fsx/data/imdb", "--model", "tiny", "--max-steps", "5",
+        "-m", "workload.train", "--data", "/fsx/data/imdb", "--model", "tiny", "--max-steps", "5",
     ]  # fmt: skip
     log = (node.fsx / "jobs" / "bert-1" / "logs" / "node-0-10.1.0.12.log").read_text()
     assert "fake torchrun on rank 0" in log
@@ -412,7 +417,7 @@ def test_nothing_of_the_job_survives_the_agents_sigkill_of_the_process_group(
     env = real_torchrun(node)
     launch = subprocess.Popen(
         ["sh", "-c", f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id cancelled "
-         f"--nproc-per-node 2 --master-port {free_port()}"],
+         f"--nproc-per-node 2 --master-port {free_port()} --code-dir {node.code}"],
         env=node.env(**env), process_group=0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -452,7 +457,7 @@ def test_a_leg_ends_itself_before_the_time_limit_with_a_checkpoint(node: FakeNod
         launch = subprocess.Popen(
             ["bash", str(NODE / "launch.sh"), "--hosts", "127.0.0.1", "--job-id", job,
              "--nproc-per-node", "1", "--master-port", str(free_port()),
-             "--time-limit", "30", "--stop-grace", "28"],
+             "--time-limit", "30", "--stop-grace", "28", "--code-dir", str(node.code)],
             stdout=output_file, stderr=subprocess.STDOUT, text=True, env=node.env(**env),
             start_new_session=True,
         )  # fmt: skip
@@ -488,7 +493,7 @@ def start_job(node: FakeNode, job: str, **extra: str) -> subprocess.Popen[str]:
     env = {**real_torchrun(node), "WORKER_SAVE_SECONDS": str(LONG_SAVE_SECONDS), **extra}
     launch = subprocess.Popen(
         ["bash", str(NODE / "launch.sh"), "--hosts", "127.0.0.1", "--job-id", job,
-         "--nproc-per-node", "2", "--master-port", str(free_port())],
+         "--nproc-per-node", "2", "--master-port", str(free_port()), "--code-dir", str(node.code)],
         env=node.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     wait_for(lambda: len(worker_pids(node)) == 2, 60, "two torchrun workers")
@@ -612,7 +617,7 @@ def test_a_job_past_1024_open_files_runs_when_started_as_the_agent_starts_it(
     (node.workload / "train.py").write_text(GLOO_WORKER)
     command = document_command("RunTraining", {
         "Hosts": "127.0.0.1", "JobId": "nofile", "NprocPerNode": "2",
-        "MasterPort": str(free_port()),
+        "MasterPort": str(free_port()), "CodeSnapshot": node.snapshot(),
     })  # fmt: skip
     script = start_script(command, node.root / "agent", env)
     try:
@@ -633,7 +638,7 @@ def test_a_job_past_1024_open_files_runs_when_started_as_the_agent_starts_it(
 def test_launch_refuses_a_hard_open_file_limit_below_what_the_job_needs(node: FakeNode) -> None:
     result = subprocess.run(
         ["bash", "-c", 'ulimit -Sn 1024 && ulimit -Hn 1500 && exec bash "$@"', "limit",
-         str(NODE / "launch.sh"), *ONE, "--nproc-per-node", "999"],
+         str(NODE / "launch.sh"), *ONE, "--nproc-per-node", "999", "--code-dir", str(node.code)],
         capture_output=True, text=True, env=node.env(), timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 1
@@ -724,7 +729,11 @@ def neuron_venv(node: FakeNode, then: str = "") -> None:
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text(f'PATH="{venv}/bin:$PATH"\n')
     npc = venv / "bin" / "neuron_parallel_compile"
-    npc.write_text(f'#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$FAKE_DIR/npc.args"\n{then}\n')
+    npc.write_text(
+        f'#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$FAKE_DIR/npc.args"\n'
+        f'printf \'%s\\n\' "$TRAINIUM_OUTPUT_DIR" "$TRAINIUM_CODE_DIR" > "$FAKE_DIR/npc.env"\n'
+        f"{then}\n"
+    )
     npc.chmod(0o755)
     node.settings["NEURON_VENV"] = str(venv)
     node.write_env()
@@ -743,7 +752,12 @@ def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -
     assert result.returncode == 0, result.stderr
     args = (node.root / "npc.args").read_text().splitlines()
     assert args[0] == "torchrun"
-    assert args[args.index("--output") + 1] == f"{scratch}/bert-1"
+    assert args[11:13] == ["-m", "workload.train"]
+    # The trial run writes to the scratch folder (its TRAINIUM_OUTPUT_DIR) and runs the job's
+    # code snapshot, unpacked in the node's cache.
+    output, code = (node.root / "npc.env").read_text().splitlines()
+    assert output == f"{scratch}/bert-1"
+    assert Path(code).parent == node.root / "code-cache"
     assert args[-4:] == ["--model", "tiny", "--max-steps", "7"]
     assert not (node.fsx / "jobs" / "bert-1").exists()  # the real job's output stays untouched
     # The CloudWatch agent ships only the newest file matching a wildcard (jobs/*.log): the
@@ -805,3 +819,50 @@ def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:
         "neuron_parallel_compile not found: precompiling needs the Neuron SDK "
         f"(NEURON_VENV={node.root / 'no-venv'} has none)"
     ]
+
+
+# ---------------------------------------------------------------------- the job's code
+def test_launch_runs_the_code_snapshot_unpacked_once_in_the_nodes_cache(node: FakeNode) -> None:
+    """--code SHA256: launch.sh takes the snapshot from /fsx/data/code/ (where the file system
+    shows the data bucket's objects), checks its sha256, unpacks it into the node's cache and
+    runs the entry point from there; a second job with the same code unpacks nothing."""
+    sha = node.snapshot()
+    result = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", sha,
+                      "--data", "/fsx/data", "--", "--lr", "1")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    cache = node.root / "code-cache" / sha
+    assert f"code: snapshot {sha} unpacked to {cache}" in result.stdout
+    assert (cache / "workload" / "train.py").read_text() == (node.workload / "train.py").read_text()
+    env = node.torchrun_env()
+    assert env["TRAINIUM_CODE_DIR"] == str(cache) and env["TRAINIUM_CODE_SNAPSHOT"] == sha
+    assert env["PYTHONPATH"].split(":")[0] == str(cache)
+    assert env["TRAINIUM_DATA_DIR"] == f"{node.fsx}/data"  # /fsx as this node mounts it
+    assert node.torchrun_args()[10:] == ["-m", "workload.train", "--lr", "1"]
+    assert not list((node.root / "code-cache").glob(f".{sha}.*[!k]"))  # no staging left
+    again = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", sha)
+    assert again.returncode == 0
+    assert f"code: snapshot {sha}, unpacked on this node already" in again.stdout
+
+
+def test_launch_refuses_code_it_cannot_find_or_verify_in_one_line(node: FakeNode) -> None:
+    """A snapshot that does not appear (bounded wait), or whose bytes are not its name's
+    sha256, ends the command before torchrun with the job's input status (job_code.sh)."""
+    missing = "0" * 64
+    result = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", missing,
+                      TRAINIUM_CODE_WAIT="1")  # fmt: skip
+    assert result.returncode != 0
+    tarball = f"{node.fsx}/data/code/{missing}.tar.gz"
+    assert errors(result) == [
+        f"code snapshot {missing} is not at {tarball} after 1 s: upload it with `cluster.py "
+        f"train --code DIR` (it puts s3://<data bucket>/code/{missing}.tar.gz)"
+    ]
+    assert "launch.sh ended with status 2" in result.stdout or result.returncode == 2
+    named = "1" * 64
+    (node.fsx / "data" / "code").mkdir(parents=True)
+    (node.fsx / "data" / "code" / f"{named}.tar.gz").write_bytes(b"not the snapshot")
+    result = node.run("launch.sh", *ONE, "--nproc-per-node", "1", "--code", named)
+    (line,) = errors(result)
+    assert line.startswith(f"code snapshot {node.fsx}/data/code/{named}.tar.gz has sha256 ")
+    assert line.endswith(f", not {named}: upload it again with `cluster.py train --code DIR`")
+    assert not (node.root / "torchrun.args").exists()
+    assert not (node.root / "code-cache" / named).exists()

@@ -48,7 +48,8 @@ def test_a_node_of_a_1024_node_job_finds_its_rank_and_raises_its_open_file_limit
     joined = ",".join(hosts)
     assert len(joined) == 16_383
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    values = {"Hosts": joined, "JobId": "scale", "NprocPerNode": str(RANKS)}
+    values = {"Hosts": joined, "JobId": "scale", "NprocPerNode": str(RANKS),
+              "CodeSnapshot": node.snapshot()}  # fmt: skip
     result = subprocess.run(
         ["sh", "-c", document_command("RunTraining", values)],
         capture_output=True, text=True, timeout=120, check=False,

@@ -33,6 +33,9 @@ EXPECTED = {
             "MasterPort": "29500",
             "NprocPerNode": "auto",
             "TrainArgs": "",
+            "CodeSnapshot": None,
+            "EntryPoint": "-m workload.train",
+            "DataPath": "",
             "ExecutionTimeout": "172800",
             "StopGraceSeconds": "1800",
         },
@@ -46,6 +49,9 @@ EXPECTED = {
             "NprocPerNode": "auto",
             "Steps": "10",
             "TrainArgs": "",
+            "CodeSnapshot": None,
+            "EntryPoint": "-m workload.train",
+            "DataPath": "",
         },
     ),
     "Preflight": ("preflight.sh", {"Hosts": None, "Port": "29600"}),
@@ -66,6 +72,9 @@ GOOD = {
         "--data /fsx/data/imdb --model tiny --max-steps 1000 --lr 3e-5",
         "--config /fsx/configs/bert-base.yaml --batch-size=16 --task causal-lm",
     ],
+    "CodeSnapshot": ["0" * 64, "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"],
+    "EntryPoint": ["train.py", "src/my_job/train-2.py", "-m workload.train"],
+    "DataPath": ["", "/fsx", "/fsx/data/imdb", "/fsx/data/reviews/part=1"],
 }
 
 INJECTIONS = [
@@ -309,6 +318,7 @@ LONGEST_BY_PATTERN = {
     "ExecutionTimeout": "172800",
     "StopGraceSeconds": "999999",
     "Steps": "9999",
+    "CodeSnapshot": "f" * 64,
 }
 #: SendCommand: "The content of the document must not exceed 64KB. This quota also includes the
 #: content specified for input parameters at runtime" (SSM CreateDocument API reference,
@@ -362,6 +372,18 @@ def test_a_command_with_every_parameter_at_its_longest_stays_far_below_64_kb() -
         ("ExecutionTimeout", "0"),
         ("ExecutionTimeout", "1728000"),
         ("StopGraceSeconds", "-1"),
+        ("CodeSnapshot", "F" * 64),
+        ("CodeSnapshot", "0" * 63),
+        ("CodeSnapshot", "0" * 65),
+        ("EntryPoint", "../train.py"),
+        ("EntryPoint", "/opt/train.py"),
+        ("EntryPoint", ".hidden/train.py"),
+        ("EntryPoint", "-m workload..train"),
+        ("EntryPoint", "-mworkload.train"),
+        ("EntryPoint", "train.sh"),
+        ("DataPath", "/fsx/../etc"),
+        ("DataPath", "/data"),
+        ("DataPath", "/fsxdata"),
     ],
 )
 def test_patterns_reject_malformed_values(key: str, value: str) -> None:
@@ -374,12 +396,14 @@ def test_rendered_command_splits_train_args_into_words() -> None:
     values = {
         "Hosts": "10.0.0.1,10.0.0.2", "JobId": "bert-1", "MasterPort": "29500",
         "NprocPerNode": "auto", "TrainArgs": "--model tiny --lr 3e-5",
-        "ExecutionTimeout": "172800", "StopGraceSeconds": "1800",
+        "ExecutionTimeout": "172800", "StopGraceSeconds": "1800", "CodeSnapshot": "a" * 64,
+        "EntryPoint": "-m workload.train", "DataPath": "/fsx/data/imdb",
     }  # fmt: skip
     command = substitute(load("RunTraining").run_command[0], values)
     assert shlex.split(command) == [
         "bash", "/opt/trainium-cluster/scripts/node/launch.sh", "--hosts", "10.0.0.1,10.0.0.2",
         "--job-id", "bert-1", "--master-port", "29500", "--nproc-per-node", "auto",
+        "--code", "a" * 64, "--entry", "-m workload.train", "--data", "/fsx/data/imdb",
         "--time-limit", "172800", "--stop-grace", "1800",
         "--", "--model", "tiny", "--lr", "3e-5",
     ]  # fmt: skip

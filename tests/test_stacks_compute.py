@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +34,6 @@ CLUSTER_ENV_KEYS = (
     "CHECKPOINT_BUCKET",
     "COMPILE_CACHE_URL",
     "TRAINING_LOG_GROUP",
-    "WORKLOAD_DIR",
     "NEURON_VENV",
     "SOFTWARE_VERSION",
     "INTERNET_EGRESS",
@@ -288,22 +286,22 @@ def test_nodes_know_how_many_efa_devices_their_type_has(default: Synth) -> None:
     assert INSTANCE_TYPES["trn2.48xlarge"].efa_interfaces == 16
 
 
-def test_software_version_names_the_node_software(default: Synth) -> None:
-    """SOFTWARE_VERSION is the digest of the two asset hashes that the user data downloads, so
-    any change to scripts/node or workload/ gives a new version; nodes carry it as a tag."""
+def test_software_version_names_the_node_scripts_alone(default: Synth) -> None:
+    """SOFTWARE_VERSION is the digest of the one asset the user data downloads, scripts/node,
+    so any change to the node scripts gives a new version (and preflight refuses a fleet that
+    mixes versions); nodes carry it as a tag. The workload is no boot asset: a job's code
+    travels with the job (scripts/cluster_lib/code.py), and changing it needs no deploy."""
     keys = re.findall(r"/([0-9a-f]{64})\.zip'", "\n".join(user_data_lines(default)))
-    assert len(keys) == 2
-    # The two keys are the assets staged from scripts/node and workload/, in that order.
-    for key, source in zip(keys, ("scripts/node", "workload"), strict=True):
-        staged = default.outdir / f"asset.{key}"
-        assert (staged / Path(_a_file_of(source)).name).read_bytes() == (
-            REPO_ROOT / _a_file_of(source)
-        ).read_bytes(), source
+    assert len(keys) == 1
+    staged = default.outdir / f"asset.{keys[0]}"
+    assert (staged / "bootstrap.sh").read_bytes() == (
+        REPO_ROOT / "scripts" / "node" / "bootstrap.sh"
+    ).read_bytes()
+    assert not (staged / "train.py").exists()
     version = cluster_env(default)["SOFTWARE_VERSION"]
-    assert version == hashlib.sha256(f"{keys[0]}\n{keys[1]}".encode()).hexdigest()[:16]
+    assert version == hashlib.sha256(keys[0].encode()).hexdigest()[:16]
     assert re.fullmatch(r"[0-9a-f]{16}", version)
-    assert software_version([keys[0], "0" * 64]) != version
-    assert software_version([keys[1], keys[0]]) != version  # order matters: scripts, workload
+    assert software_version(["0" * 64]) != version
     specs = launch_template_data(default)["TagSpecifications"]
     instance_tags = next(s["Tags"] for s in specs if s["ResourceType"] == "instance")
     assert {"Key": "trainium-cluster:software-version", "Value": version} in instance_tags
@@ -312,9 +310,11 @@ def test_software_version_names_the_node_software(default: Synth) -> None:
     assert "LaunchTemplateVersion" in outputs
 
 
-def _a_file_of(source: str) -> str:
-    """A file that only the asset of `source` holds."""
-    return {"scripts/node": "scripts/node/bootstrap.sh", "workload": "workload/train.py"}[source]
+def test_the_node_scripts_carry_the_reference_workloads_requirements() -> None:
+    """bootstrap.sh installs the reference workload's requirements into the venv jobs run in
+    from a copy beside it (the workload is no boot asset): the copy is the workload's file."""
+    copy = REPO_ROOT / "scripts" / "node" / "workload-requirements.txt"
+    assert copy.read_text() == (REPO_ROOT / "workload" / "requirements.txt").read_text()
 
 
 def test_cluster_env_carries_egress_and_scratch(default: Synth) -> None:
@@ -338,17 +338,17 @@ def test_nodes_carry_the_tags_the_operator_tooling_uses(default: Synth) -> None:
 def test_user_data_only_unpacks_writes_env_and_bootstraps(default: Synth) -> None:
     lines = user_data_lines(default)
     downloads = [line for line in lines if line.startswith("aws s3 cp ")]
-    assert len(downloads) == 2
+    assert len(downloads) == 1
     assert all("cdk-hnb659fds-assets" in line and ".zip'" in line for line in downloads)
     unpack = "python3 -m zipfile -e /opt/trainium-cluster/dist/"
     assert f"{unpack}scripts-node.zip /opt/trainium-cluster/scripts/node" in lines
-    assert f"{unpack}workload.zip /opt/trainium-cluster/workload" in lines
+    assert not [line for line in lines if "workload" in line]
     env = cluster_env(default)
     assert set(CLUSTER_ENV_KEYS) <= set(env)
     assert env["CLUSTER_NAME"] == "trainium"
     assert env["NODE_COUNT"] == "2"
     assert env["FSX_MOUNT_POINT"] == "/fsx"
-    assert env["WORKLOAD_DIR"] == "/opt/trainium-cluster/workload"
+    assert "WORKLOAD_DIR" not in env
     assert env["NEURON_VENV"] == "/opt/aws_neuronx_venv_pytorch_2_9"
     # The compile cache is a directory on the shared file system (linked to its bucket by a
     # data repository association): the nodes never ask S3 for it, and are not told the bucket.
@@ -374,7 +374,8 @@ def test_node_role_is_scoped(default: Synth) -> None:
     assert statements["PublishNodeMetrics"]["Condition"] == {
         "StringEquals": {"cloudwatch:namespace": "TrainiumCluster/trainium"}
     }
-    software = [flatten(r) for r in statements["ReadNodeSoftware"]["Resource"]]
-    assert len(software) == 2  # exactly the two asset objects, not the assets bucket
+    resource = statements["ReadNodeSoftware"]["Resource"]
+    software = [flatten(r) for r in (resource if isinstance(resource, list) else [resource])]
+    assert len(software) == 1  # exactly the node-scripts asset object, not the assets bucket
     assert all(arn.endswith(".zip") and "cdk-hnb659fds-assets" in arn for arn in software)
     assert "trainium-operations" in flatten(statements["WriteTrainingLogs"]["Resource"])

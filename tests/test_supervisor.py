@@ -27,6 +27,7 @@ from unittest.mock import patch
 
 import pytest
 
+from scripts.cluster_lib.code import reference_snapshot
 from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
@@ -53,6 +54,7 @@ from stacks.supervisor_limits import (
 )
 from tests.cdk_support import Synth, cfn_lint, machine_of, only_resource, resources, synth
 from tests.cdk_support import machine_id as supervisor_id
+from tests.cluster_support import LONGEST_CODE
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -490,11 +492,20 @@ class Supervisor:
         ]
 
     def start(self, job_id: str, *, queued: bool = True, **job: Any) -> str:
-        """Starts the job's execution; `queued`, as the job queue's dispatcher does: it claims
-        the slot for the job and the execution's name first (stacks/job_queue.py)."""
+        """Starts the job's execution as `train` does; `queued`, as the job queue's dispatcher
+        does: it claims the slot for the job and the execution's name first
+        (stacks/job_queue.py). The job runs the reference workload's code snapshot, put where
+        the nodes find the data bucket's objects (/fsx/data, the stand-in's output/data),
+        unless `job` names one."""
         if queued:
             table = self.cloud.stack_outputs()["JobQueueTableName"]
             claim_slot(self.cloud.session(), table, job_id, job_id)
+        if "CodeSnapshot" not in job:
+            packed = reference_snapshot()
+            path = self.cloud.output / "data" / packed.key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(packed.data)
+            job["CodeSnapshot"] = packed.sha256
         arn: str = self.client.start_execution(
             stateMachineArn=self.arn, name=job_id, input=json.dumps({"JobId": job_id, **job})
         )["executionArn"]
@@ -944,7 +955,7 @@ def test_the_host_list_is_one_state_and_its_payloads_fit_at_1024_nodes(default: 
     assert {len(a) for a in addresses} == {15}
     given = {
         # The longest job ID and TrainArgs the RunTraining document allows (64, 2048).
-        "Job": {**JOB_DEFAULTS, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
+        "Job": {**JOB_DEFAULTS, **LONGEST_CODE, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
         "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
         "ContinuedFrom": "",
         "NodeWaits": {"Count": 3},
@@ -1030,7 +1041,7 @@ def test_the_outcome_of_1024_nodes_that_all_failed_fits_in_a_state(default: Synt
         "End": True,
     }
     attempt = {
-        "Job": {**JOB_DEFAULTS, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
+        "Job": {**JOB_DEFAULTS, **LONGEST_CODE, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
         "Counters": {"Retries": 0, "Legs": 1, "Attempts": 1},
         "ContinuedFrom": "",
         "Nodes": {

@@ -42,6 +42,7 @@ from scripts.rehearsal.supervisor import definition as machine_definition
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import SEND_BATCH
 from stacks.supervisor_run import CAUSE_GONE, INVALID_INSTANCE
+from tests.cluster_support import LONGEST_CODE
 from tests.test_supervisor import placeholder_refs, states
 
 NODES = 60  # two batches: SEND_BATCH and 10
@@ -120,7 +121,7 @@ def simulated_job(template: dict[str, Any], **settings: Any) -> Iterator[Job]:
         claim_slot(cloud.session(), cloud.stack_outputs()["JobQueueTableName"], JOB_ID, JOB_ID)
         execution = client.start_execution(
             stateMachineArn=arn, name=JOB_ID,
-            input=json.dumps({"JobId": JOB_ID, **SETTINGS, **settings}),
+            input=json.dumps({"JobId": JOB_ID, **LONGEST_CODE, **SETTINGS, **settings}),
         )["executionArn"]  # fmt: skip
         yield Job(cloud, agents, client, execution, children)
 
@@ -312,7 +313,7 @@ def test_a_failed_read_of_the_nodes_is_caught_and_the_job_fails_naming_it(
     chosen["DescribeFailure"] = {**chosen["DescribeFailure"], "End": True}
     del chosen["DescribeFailure"]["Next"]
     given = {
-        "Job": {**JOB_DEFAULTS, "JobId": JOB_ID, "MaxRetries": 0},
+        "Job": {**JOB_DEFAULTS, **LONGEST_CODE, "JobId": JOB_ID, "MaxRetries": 0},
         "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
         "ContinuedFrom": "",
         "NodeWaits": {"Count": 0},

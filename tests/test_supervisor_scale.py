@@ -25,6 +25,7 @@ from scripts.rehearsal.supervisor import jayway_json_paths, map_run_histories, s
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import SEND_BATCH, TAG_PAGE, tag_pages
 from tests.cdk_support import Synth, synth
+from tests.cluster_support import LONGEST_CODE
 from tests.test_supervisor import (
     PAYLOAD_LIMIT,
     PAYLOAD_SHARE,
@@ -132,7 +133,7 @@ def run_against(
 def _attempt_input() -> dict[str, Any]:
     """What the wait for nodes starts from: the largest job settings the documents allow."""
     return {
-        "Job": {**JOB_DEFAULTS, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
+        "Job": {**JOB_DEFAULTS, **LONGEST_CODE, "JobId": "j" * 64, "TrainArgs": "x" * 2048},
         "Counters": {"Retries": 0, "Legs": 1, "Attempts": 0},
         "ContinuedFrom": "",
         "NodeWaits": {"Count": 3},

@@ -113,3 +113,19 @@ def test_command_line_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     ]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_output_and_data_default_to_the_launchers_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """launch.sh passes no --output: the job's directory is TRAINIUM_OUTPUT_DIR, and `train
+    --data` is TRAINIUM_DATA_DIR (docs/operating.md, the job's environment); a flag wins."""
+    monkeypatch.delenv("TRAINIUM_OUTPUT_DIR", raising=False)
+    monkeypatch.delenv("TRAINIUM_DATA_DIR", raising=False)
+    with pytest.raises(ConfigError, match=r"--output is required .*TRAINIUM_OUTPUT_DIR"):
+        parse_config(["--data", str(tmp_path)])
+    monkeypatch.setenv("TRAINIUM_OUTPUT_DIR", "/fsx/jobs/bert-1")
+    monkeypatch.setenv("TRAINIUM_DATA_DIR", "/fsx/data/polarity")
+    config = parse_config([])
+    assert (config.output, config.data) == ("/fsx/jobs/bert-1", "/fsx/data/polarity")
+    assert parse_config(["--data", str(tmp_path)]).data == str(tmp_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,9 +121,14 @@ class TrainConfig:
             if choices and value not in choices:
                 raise ConfigError(f"{_flag(f.name)} {value!r} is not one of {', '.join(choices)}")
         if not self.data:
-            raise ConfigError("--data is required (a directory with train.* and test.*)")
+            raise ConfigError(
+                "--data is required (a directory with train.* and test.*; default: "
+                "$TRAINIUM_DATA_DIR, which `cluster.py train --data` sets)"
+            )
         if not self.output:
-            raise ConfigError("--output is required (the job directory)")
+            raise ConfigError(
+                "--output is required (the job directory; default: $TRAINIUM_OUTPUT_DIR)"
+            )
         _at_least(self, "epochs", 1)
         _at_least(self, "max_steps", 0)
         _at_least(self, "batch_size", 1)
@@ -286,10 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     """The config from the command line (``argv`` without the program name)."""
     namespace = build_parser().parse_args(argv)
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(environment_defaults())
     for name, value, source in getattr(namespace, "items", []):
         values[name] = _convert(name, value, source)
     return TrainConfig(**values)
+
+
+def environment_defaults() -> dict[str, str]:
+    """What the cluster's launcher gives every job (docs/job-contract.md): --output defaults
+    to TRAINIUM_OUTPUT_DIR (the job's directory, /fsx/jobs/<job-id>) and --data to
+    TRAINIUM_DATA_DIR (`cluster.py train --data`), when set; a flag or --config wins."""
+    variables = {"output": "TRAINIUM_OUTPUT_DIR", "data": "TRAINIUM_DATA_DIR"}
+    return {name: os.environ[var] for name, var in variables.items() if os.environ.get(var)}
 
 
 def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:

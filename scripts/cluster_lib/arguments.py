@@ -29,6 +29,15 @@ RESERVED_PRECOMPILE_FLAGS = {
     "--max-steps": "precompile traces --steps steps (set --steps)",
 }
 HELP_FLAGS = {"-h", "--help"}
+#: An entry point: a Python module (dotted identifiers), or a script's path inside the code
+#: snapshot (relative, no `..`, no hidden folders, ending in .py): the EntryPoint parameter's
+#: rule in stacks/ssm_documents/RunTraining.yaml, checked here first.
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*")
+SCRIPT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*[.]py")
+MAX_ENTRY = 256
+#: A path on the cluster's file system (the DataPath parameter's rule).
+FSX_PATH = re.compile(r"/fsx(/[A-Za-z0-9_][A-Za-z0-9._=+-]*)*")
+S3_URI = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(.*))?")
 
 
 class UsageError(Exception):
@@ -74,6 +83,61 @@ def check_train_args(args: list[str], reserved: dict[str, str]) -> None:
         )
 
 
+def check_entry(script: str | None, module: str | None) -> None:
+    """`--entry SCRIPT` or `--module MODULE`: their form (whether the script is in the
+    snapshot is `entry_point`'s check, once the directory is packed)."""
+    if script is not None and module is not None:
+        raise UsageError("give --entry SCRIPT or --module MODULE, not both")
+    if module is not None and (len(module) > MAX_ENTRY or not MODULE.fullmatch(module)):
+        raise UsageError(
+            f"--module {module!r} is not allowed: use a Python module name (dotted "
+            "identifiers, e.g. mypackage.train)"
+        )
+    if script is not None and (len(script) > MAX_ENTRY or not SCRIPT.fullmatch(script)):
+        raise UsageError(
+            f"--entry {script!r} is not allowed: use the path of a .py file inside the code "
+            "directory, relative to it (letters, digits, '_', '-', '.' and '/', no '..' and "
+            "no hidden folders; e.g. train.py or src/train.py)"
+        )
+
+
+def entry_point(script: str | None, module: str | None, names: tuple[str, ...]) -> str:
+    """The EntryPoint parameter: `-m MODULE`, or the script, which must be in the snapshot
+    (`names`: its files); by default the reference trainer, `-m workload.train`."""
+    if module is not None:
+        return f"-m {module}"
+    if script is None:
+        if "workload/train.py" not in names:
+            raise UsageError(
+                "the code snapshot has no workload/train.py, the default entry point "
+                "(-m workload.train): name yours with --entry SCRIPT or --module MODULE"
+            )
+        return "-m workload.train"
+    if script not in names:
+        raise UsageError(
+            f"--entry {script} is not in the code snapshot: its files include "
+            f"{', '.join(n for n in names if n.endswith('.py'))[:300] or 'no .py file'} "
+            "(paths relative to --code; what .gitignore ignores is left out)"
+        )
+    return script
+
+
+def check_data(value: str | None) -> None:
+    """`--data s3://<bucket>/<prefix>` or `--data /fsx/...`; the bucket is checked against
+    the cluster's data bucket once its outputs are read."""
+    if value is None:
+        return
+    if value.startswith("s3://"):
+        if not S3_URI.fullmatch(value):
+            raise UsageError(f"--data {value!r} is not an S3 URI: use s3://<bucket>/<prefix>")
+        return
+    if len(value) > 1024 or not FSX_PATH.fullmatch(value.rstrip("/") or "/"):
+        raise UsageError(
+            f"--data {value!r} is not allowed: use s3://<the cluster's data bucket>/<prefix> "
+            "or a path under /fsx (letters, digits and . _ = + - in its names)"
+        )
+
+
 def check_job_id(value: str | None) -> None:
     if value is not None and not JOB_ID.fullmatch(value):
         raise UsageError(
@@ -107,6 +171,8 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
             )
         reserved = RESERVED_PRECOMPILE_FLAGS if command == "precompile" else RESERVED_TRAIN_FLAGS
         check_train_args(train_args, reserved)
+        check_entry(args.entry, args.module)
+        check_data(args.data)
     if command == "precompile" and not re.fullmatch(r"[1-9][0-9]{0,3}", args.steps):
         raise UsageError(f"--steps {args.steps!r} is not allowed: use 1 to 9999")
     if command == "train":

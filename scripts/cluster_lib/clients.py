@@ -16,6 +16,8 @@ local rehearsal can serve the same calls. Only client methods and paginators are
 - stepfunctions: the job supervisor's executions (executions.py, jobs.py), the job queue's
   dispatcher (queue.py)
 - dynamodb: the job queue (queue.py): query, get_item, put_item, delete_item
+- s3: head_object, put_object (a job's code snapshot, code.py), list_objects_v2 (its data,
+  job_inputs.py)
 
 An AWS error becomes a one-line ClusterError that says what to do (`aws_errors`,
 `cluster_error`). One that may pass if we wait (throttling, a 5xx, a time-out, an expired SSO
@@ -173,6 +175,7 @@ def error_code(error: ClientError) -> str:
 
 CLIENT_SERVICES = (
     "cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions", "dynamodb",
+    "s3",
 )  # fmt: skip
 
 
@@ -188,6 +191,7 @@ class Clients:
     fsx: Any
     stepfunctions: Any
     dynamodb: Any
+    s3: Any
 
     @classmethod
     def from_session(cls, session: Session) -> Clients:

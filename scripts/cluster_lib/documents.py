@@ -29,6 +29,9 @@ CLI_LABELS = {
     "NprocPerNode": "--nproc-per-node",
     "Steps": "--steps",
     "TrainArgs": "train arguments",
+    "CodeSnapshot": "the code snapshot's sha256",
+    "EntryPoint": "--entry/--module",
+    "DataPath": "--data",
 }
 
 

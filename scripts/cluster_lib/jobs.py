@@ -37,6 +37,7 @@ from scripts.cluster_lib.executions import (
     job_of,
 )
 from scripts.cluster_lib.fleet import Node
+from scripts.cluster_lib.job_inputs import JobInputs
 from scripts.cluster_lib.logs import LogFollower, job_output_window, metrics_stream
 from scripts.cluster_lib.progress import Progress, read, summarize
 from scripts.cluster_lib.queue import JobQueue
@@ -148,6 +149,7 @@ class Jobs:
         self,
         job_id: str,
         train_args: list[str],
+        inputs: JobInputs,
         *,
         master_port: str = "29500",
         nproc_per_node: str = "auto",
@@ -160,8 +162,9 @@ class Jobs:
         line, a job ID that is queued or running already. Returns the execution's ARN (it
         exists once the job starts)."""
         parameters = job_parameters(
-            job_id, train_args, master_port=master_port, nproc_per_node=nproc_per_node
-        )
+            job_id, train_args, master_port=master_port, nproc_per_node=nproc_per_node,
+            **inputs.parameters(),
+        )  # fmt: skip
         load("RunTraining").check(parameters, CLI_LABELS)
         arn = self.executions.state_machine
         # Not while `roll` replaces nodes (the supervisor itself does not look at refreshes:

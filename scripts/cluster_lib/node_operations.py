@@ -17,6 +17,7 @@ from scripts.cluster_lib.command_history import CommandHistory
 from scripts.cluster_lib.commands import CommandResult, Invocation, RunCommand
 from scripts.cluster_lib.documents import CLI_LABELS, job_parameters, load
 from scripts.cluster_lib.fleet import SOFTWARE_LINE, Fleet, Node, hosts
+from scripts.cluster_lib.job_inputs import JobInputs
 from scripts.cluster_lib.logs import Logs
 
 MISSING_SOFTWARE = "no node-software line"
@@ -119,6 +120,7 @@ class NodeOperations:
         self,
         job_id: str,
         train_args: list[str],
+        inputs: JobInputs,
         *,
         steps: str = "10",
         master_port: str = "29500",
@@ -126,7 +128,7 @@ class NodeOperations:
     ) -> CommandResult:
         parameters = job_parameters(
             job_id, train_args, master_port=master_port, nproc_per_node=nproc_per_node,
-            Steps=steps,
+            Steps=steps, **inputs.parameters(),
         )  # fmt: skip
         load("Precompile").check(parameters, CLI_LABELS)
         nodes = self.fleet.wait_for_nodes()

@@ -44,6 +44,16 @@ class StackOutputs:
     def node_count(self) -> int:
         return int(self.values["NodeCount"])
 
+    @property
+    def data_bucket(self) -> str:
+        """The data bucket (linked to /fsx/data): job code snapshots and training data."""
+        if "DataBucketName" not in self.values:
+            raise ClusterError(
+                f"stack {self.stack_name} lacks the output DataBucketName: redeploy it from "
+                "this version of the project"
+            )
+        return self.values["DataBucketName"]
+
     def document(self, name: str) -> str:
         return self.values[f"{name}DocumentName"]
 

@@ -22,8 +22,10 @@
 #   efa             libfabric EFA provider present with EFA_DEVICE_COUNT devices (multi-node
 #                   clusters; fewer is a hardware fault: the node is replaced)
 #   python          the workload venv layered on the Neuron venv (see requirements_diff.py):
-#                   only what the Neuron venv lacks is installed, never over its packages
-#   workload        the workload asset is unpacked at WORKLOAD_DIR
+#                   the reference workload's requirements (workload-requirements.txt beside
+#                   this script, a copy of workload/requirements.txt), only what the Neuron
+#                   venv lacks, never over its packages. Jobs run in it; their code is no
+#                   node software (it comes with each job as a snapshot: launch.sh)
 #   compile-cache   point the Neuron persistent compile cache at COMPILE_CACHE_URL, a directory
 #                   on the mounted /fsx (refused elsewhere; an s3:// URL is warned about)
 #   monitoring      CloudWatch agent (signature checked before install) and neuron-monitor
@@ -41,8 +43,8 @@
 # the workload venv).
 #
 # With INTERNET_EGRESS=endpoints nothing is installed from the internet: anything missing
-# fails the run at once with one line that names it. Wheels in WORKLOAD_DIR/wheels (or
-# WHEELHOUSE) are installed without an index in either mode.
+# fails the run at once with one line that names it. Wheels in a wheels/ folder beside the
+# requirements (or WHEELHOUSE) are installed without an index in either mode.
 # Idempotent: a second run (or a run after a reboot) changes nothing that is already in place.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
@@ -55,6 +57,7 @@ TMPFILES_DIR="${TRAINIUM_TMPFILES_DIR:-/etc/tmpfiles.d}"
 CW_AGENT_DIR="${TRAINIUM_CW_AGENT_DIR:-/opt/aws/amazon-cloudwatch-agent}"
 NEURON_BIN="${TRAINIUM_NEURON_BIN:-/opt/aws/neuron/bin}"
 WORKLOAD_VENV="${TRAINIUM_WORKLOAD_VENV:-/opt/trainium-cluster/workload-venv}"
+BASE_REQUIREMENTS="${TRAINIUM_BASE_REQUIREMENTS:-$NODE_DIR/workload-requirements.txt}"
 SYSTEM_PYTHON="${TRAINIUM_SYSTEM_PYTHON:-/usr/bin/python3}"
 IMDS="${TRAINIUM_IMDS:-http://169.254.169.254}"
 OS_RELEASE="${TRAINIUM_OS_RELEASE:-/etc/os-release}"
@@ -315,7 +318,7 @@ phase_environment() {
   NODE_ENV_FILE="" load_cluster_env
   local key missing=()
   for key in CLUSTER_NAME AWS_REGION INSTANCE_TYPE NODE_COUNT FSX_DNS_NAME FSX_MOUNT_NAME \
-    FSX_MOUNT_POINT COMPILE_CACHE_URL TRAINING_LOG_GROUP WORKLOAD_DIR NEURON_VENV; do
+    FSX_MOUNT_POINT COMPILE_CACHE_URL TRAINING_LOG_GROUP NEURON_VENV; do
     [[ -n ${!key:-} ]] || missing+=("$key")
   done
   ((${#missing[@]} == 0)) || die "$ENV_FILE lacks ${missing[*]}"
@@ -633,7 +636,7 @@ sys.exit(main())" || true
 
 phase_python() {
   local neuron_python="$NEURON_VENV/bin/python" python="$WORKLOAD_VENV/bin/python" plan constraints
-  local wheelhouse="${WHEELHOUSE:-$WORKLOAD_DIR/wheels}" source_args=()
+  local wheelhouse="${WHEELHOUSE:-$(dirname "$BASE_REQUIREMENTS")/wheels}" source_args=()
   if [[ ! -x $neuron_python ]]; then
     [[ $INSTANCE_TYPE != trn* ]] || die "Neuron venv $NEURON_VENV not found: use the Neuron DLAMI with PyTorch 2.9"
     log "no venv at $NEURON_VENV: skipped"
@@ -643,7 +646,7 @@ phase_python() {
   NODE_VALUES[WORKLOAD_VENV]=$WORKLOAD_VENV
   NODE_VALUES[WORKLOAD_PYTHON]=$python
   constraints="$STATE_DIR/neuron-constraints.txt"
-  plan=$("$python" "$NODE_DIR/requirements_diff.py" "$WORKLOAD_DIR/requirements.txt" \
+  plan=$("$python" "$NODE_DIR/requirements_diff.py" "$BASE_REQUIREMENTS" \
     --keep "$NEURON_PACKAGES" --constraints "$constraints")
   if [[ -z $plan ]]; then
     log "the workload venv already has every pinned workload requirement"
@@ -666,11 +669,6 @@ phase_python() {
     "${source_args[@]}" -c "$constraints" $plan
   "$neuron_python" -m pip --python "$python" check ||
     log "warning: pip check reports conflicts in $WORKLOAD_VENV (listed above)"
-}
-
-phase_workload() {
-  [[ -f $WORKLOAD_DIR/train.py ]] || die "the workload asset is not unpacked: no $WORKLOAD_DIR/train.py"
-  log "workload at $WORKLOAD_DIR"
 }
 
 phase_compile_cache() {
@@ -854,7 +852,6 @@ phase fsx phase_fsx
 phase neuron phase_neuron
 phase efa phase_efa
 phase python phase_python
-phase workload phase_workload
 phase compile-cache phase_compile_cache
 phase monitoring phase_monitoring
 phase lifecycle phase_lifecycle

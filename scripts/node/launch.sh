@@ -4,12 +4,15 @@
 #   launch.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500] [--nproc-per-node auto|N]
 #             [--jobs-root /fsx/jobs] [--node-address ADDR] [--time-limit SECONDS]
 #             [--stop-grace 1800] [--wrap CMD] [--log-folder jobs|precompile] [--dry-run]
-#             -- <train.py args>
+#             (--code SHA256 | --code-dir DIR) [--entry SCRIPT.py | --entry '-m MODULE']
+#             [--data /fsx/PATH] -- <the entry point's args>
 #
 # Every node runs the same command line (the RunTraining SSM document sends it to all of
 # them). Each finds its rank as the position of its own address in --hosts; the first host
-# is the torchrun master. The job writes to <jobs-root>/<job-id>; running the same job ID
-# again resumes from its latest checkpoint (workload/train.py resumes from --output).
+# is the torchrun master. The job runs its code snapshot (--code: job_code.sh fetches, checks
+# and unpacks it once per node) and writes to <jobs-root>/<job-id>, which it gets as
+# TRAINIUM_OUTPUT_DIR (the reference trainer's --output defaults to it, and --data to
+# TRAINIUM_DATA_DIR); running the same job ID again resumes from its latest checkpoint.
 # The job's output (torchrun, the workers, the compiler) goes only to
 # <jobs-root>/<job-id>/logs/node-<rank>-<address>.log and to <log dir>/<log-folder>/<job-id>.log
 # on the node (/var/log/trainium-cluster/jobs/ unless --log-folder says precompile: the
@@ -35,18 +38,20 @@ set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # shellcheck source=scripts/node/job_python.sh
-source "$(dirname "${BASH_SOURCE[0]}")/job_python.sh"
+source "$NODE_DIR/job_python.sh"
+# shellcheck source=scripts/node/job_code.sh
+source "$NODE_DIR/job_code.sh"
 trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 
 load_cluster_env || true
 
 hosts_arg="" job_id="" master_port=29500 nproc_arg=auto node_address_arg="" wrap="" dry_run=0
-time_limit=0 stop_grace=1800 log_folder=jobs
+time_limit=0 stop_grace=1800 log_folder=jobs code="" code_dir="" entry="-m workload.train" data=""
 jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
 while (($#)); do
   case $1 in
     --hosts | --job-id | --master-port | --nproc-per-node | --jobs-root | --node-address | --wrap | \
-      --time-limit | --stop-grace | --log-folder)
+      --time-limit | --stop-grace | --log-folder | --code | --code-dir | --entry | --data)
       (($# >= 2)) || die "$1 needs a value (see --help)"
       case $1 in
         --time-limit) time_limit=$2 ;;
@@ -59,13 +64,17 @@ while (($#)); do
         --node-address) node_address_arg=$2 ;;
         --wrap) wrap=$2 ;;
         --log-folder) log_folder=$2 ;;
+        --code) code=$2 ;;
+        --code-dir) code_dir=$2 ;;
+        --entry) entry=$2 ;;
+        --data) data=$2 ;;
       esac
       shift 2
       ;;
     --dry-run) dry_run=1 && shift ;;
     -h | --help) usage && exit 0 ;;
     --) shift && break ;;
-    *) die "unknown option '$1': options come first, then -- and the train.py arguments (see --help)" ;;
+    *) die "unknown option '$1': options come first, then -- and the entry point's arguments (see --help)" ;;
   esac
 done
 train_args=("$@")
@@ -82,6 +91,11 @@ fi
 [[ $stop_grace =~ ^[0-9]{1,6}$ ]] || die "--stop-grace '$stop_grace' is not a number of seconds"
 [[ $log_folder == jobs || $log_folder == precompile ]] ||
   die "--log-folder '$log_folder' is not allowed: use jobs or precompile"
+if [[ -n $code && -n $code_dir ]] || [[ -z $code && -z $code_dir ]]; then
+  die "give exactly one of --code SHA256 (a snapshot in the data bucket) or --code-dir DIR"
+fi
+[[ $entry =~ $ENTRY_PATTERN ]] ||
+  input_error "--entry '$entry' is not allowed: use a .py script's path inside the code snapshot, or -m and a module name"
 if ((time_limit > 0 && stop_grace >= time_limit)); then
   die "--stop-grace $stop_grace leaves no time to train within --time-limit $time_limit: use fewer seconds than the limit"
 fi
@@ -96,10 +110,6 @@ find_node_rank "$node_address_arg"
 resolve_nproc "$nproc_arg"
 export_job_environment
 
-WORKLOAD_DIR="${WORKLOAD_DIR:-$CLUSTER_ROOT/workload}"
-[[ -f $WORKLOAD_DIR/train.py ]] || die "no train.py in WORKLOAD_DIR $WORKLOAD_DIR"
-workload_parent="$(cd "$WORKLOAD_DIR/.." && pwd)"
-export PYTHONPATH="$workload_parent${PYTHONPATH:+:$PYTHONPATH}"
 output_dir="$jobs_root/$job_id"
 
 # Tags every process of this job so that stop.sh (and the next attempt) can find them, and
@@ -110,27 +120,42 @@ leg="$(date +%s)-$$"
 LEFTOVER_GRACE=60
 export TRAINIUM_JOB_ID="$job_id" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" TRAINIUM_NODE_RANK="$NODE_RANK"
 export TRAINIUM_LEG="$leg"
-# The job's contract (docs/job-contract.md): where rank 0 writes its progress, one JSON object
-# a line, which the CloudWatch agent ships to <instance-id>/metrics for `cluster.py jobs`
-# (a precompile's graph-only steps are no progress); and the unix second at which the leg's
-# SIGTERM comes (0: no time limit), the timer's below: the script's start + limit - grace.
+# The job's contract (docs/job-contract.md): where it writes, what it reads, when its leg ends;
+# where rank 0 writes its progress, one JSON object a line, which the CloudWatch agent ships
+# to <instance-id>/metrics for `cluster.py jobs` (a precompile's graph-only steps are no
+# progress); and the unix second at which the leg's SIGTERM comes (0: no time limit).
+export TRAINIUM_OUTPUT_DIR="$output_dir" TRAINIUM_CHECKPOINT_DIR="$output_dir/checkpoints"
+export TRAINIUM_CODE_SNAPSHOT="$code"
 if [[ $log_folder == jobs ]]; then
   export TRAINIUM_METRICS_FILE="$LOG_DIR/metrics/$job_id.jsonl"
 fi
 TRAINIUM_LEG_DEADLINE=0
 if ((time_limit > 0)); then
-  TRAINIUM_LEG_DEADLINE=$(($(date +%s) - SECONDS + time_limit - stop_grace))
+  TRAINIUM_LEG_DEADLINE=$(($(date +%s) + time_limit - stop_grace - SECONDS))
 fi
 export TRAINIUM_LEG_DEADLINE
 
-command=(torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK"
-  --master_addr "${HOSTS[0]}" --master_port "$MASTER_PORT" --nproc_per_node "$NPROC"
-  "$WORKLOAD_DIR/train.py" --output "$output_dir" "${train_args[@]}")
-if [[ -n $wrap ]]; then
-  command=("$wrap" "${command[@]}")
-fi
+# The code the job runs: the snapshot, unpacked on this node (job_code.sh), or a directory
+# as it is (--code-dir: local runs and tests); its root is first on PYTHONPATH and the
+# working directory. The entry point is a script in it or a module (torchrun -m).
+build_command() {
+  export TRAINIUM_CODE_DIR="$code_dir" TRAINIUM_DATA_DIR="$data_dir"
+  export PYTHONPATH="$code_dir${PYTHONPATH:+:$PYTHONPATH}"
+  local target=("$code_dir/$entry")
+  [[ $entry == "-m "* ]] && target=(-m "${entry#-m }")
+  command=(torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK"
+    --master_addr "${HOSTS[0]}" --master_port "$MASTER_PORT" --nproc_per_node "$NPROC"
+    "${target[@]}" "${train_args[@]}")
+  if [[ -n $wrap ]]; then
+    command=("$wrap" "${command[@]}")
+  fi
+}
 
 if ((dry_run)); then
+  [[ -n $code_dir ]] || code_dir="$CODE_CACHE/$code"
+  data_dir=""
+  [[ -z $data ]] || data_dir=$(fsx_path "$data")
+  build_command
   env | grep -E '^(FI_|NEURON_|CCOM_|GLOO_|MALLOC_ARENA_MAX|TRAINIUM_|PYTHONPATH)' | sort
   printf '%q ' "${command[@]}"
   echo
@@ -139,10 +164,6 @@ fi
 
 require_ready
 activate_python
-# The snapshot's requirements.txt, installed once per node per snapshot (job_python.sh).
-if [[ -n ${TRAINIUM_CODE_DIR:-} ]]; then
-  prepare_job_python "$TRAINIUM_CODE_DIR"
-fi
 mkdir -p "$output_dir/logs"
 if [[ -n ${TRAINIUM_METRICS_FILE:-} ]]; then
   mkdir -p "${TRAINIUM_METRICS_FILE%/*}" 2>/dev/null ||
@@ -223,7 +244,26 @@ raise_open_file_limit $((${#HOSTS[@]} * NPROC + NOFILE_BASE))
 if stop_job "*" 30 "$NODE_ADDRESS"; then
   log "stopped processes left over from an earlier job or attempt"
 fi
-cd "$workload_parent"
+if [[ -n $code ]]; then
+  unpack_code "$code"
+  code_dir=$CODE_DIR
+else
+  [[ -d $code_dir ]] || input_error "--code-dir $code_dir is not a directory"
+  code_dir=$(cd "$code_dir" && pwd)
+  log "code: the directory $code_dir as it is (no snapshot)"
+fi
+if [[ $entry != "-m "* && ! -f $code_dir/$entry ]]; then
+  input_error "the entry point $entry is not in the job's code ($code_dir)"
+fi
+resolve_data "$data"
+data_dir=$DATA_DIR
+# The snapshot's own Python dependencies (its requirements.txt), installed once per node per
+# snapshot before torchrun starts (job_python.sh); a --code-dir runs with the image's Python.
+if [[ -n $code ]]; then
+  prepare_job_python "$code_dir" "$code"
+fi
+build_command
+cd "$code_dir"
 WATCHDOG_LOG="$LOG_DIR/watchdog.log"
 [[ -w $LOG_DIR ]] || WATCHDOG_LOG=/dev/null
 start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE" {job_log}>&-

@@ -3,7 +3,8 @@
 #
 #   precompile.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500]
 #                 [--nproc-per-node auto|N] [--steps 10] [--node-address ADDR]
-#                 -- <train.py args>
+#                 (--code SHA256 | --code-dir DIR) [--entry ENTRY] [--data /fsx/PATH]
+#                 -- <the entry point's args>
 #
 # Runs the job exactly as launch.sh would, for --steps steps, under neuron_parallel_compile:
 # the trial run only extracts the XLA graphs, then compiles them in parallel into the
@@ -21,7 +22,7 @@ trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 launch_args=() job_id="" steps=10
 while (($#)); do
   case $1 in
-    --hosts | --master-port | --nproc-per-node | --node-address)
+    --hosts | --master-port | --nproc-per-node | --node-address | --code | --code-dir | --entry | --data)
       (($# >= 2)) || die "$1 needs a value (see --help)"
       launch_args+=("$1" "$2")
       shift 2

@@ -18,7 +18,9 @@ DescribeInstanceRefreshes, SetInstanceHealth (an Unhealthy node is replaced); SN
 in `notifications`). Served by the parts beside this file: SSM SendCommand, ListCommands,
 ListCommandInvocations, GetCommandInvocation, CancelCommand, DescribeInstanceInformation
 (ssm_stand_in.py); CloudWatch Logs DescribeLogStreams, GetLogEvents, FilterLogEvents
-(logs_stand_in.py). Step Functions calls pass through to moto,
+(logs_stand_in.py); S3 HeadObject, PutObject, ListObjectsV2 on the data bucket, whose objects
+are the files under the rehearsal's /fsx/data (s3_stand_in.py). Step Functions calls pass
+through to moto,
 where the job supervisor's state machine runs (supervisor.py). Any other call fails with a
 clear error.
 """
@@ -51,6 +53,7 @@ from scripts.rehearsal.instances import (
     now,
 )
 from scripts.rehearsal.logs_stand_in import LogsStandIn
+from scripts.rehearsal.s3_stand_in import S3StandIn
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
 
 #: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
@@ -146,7 +149,10 @@ class LocalCloud:
         self.logs = LogsStandIn(self.ssm)
         #: Who answers each service's calls (its methods `_<service>_<Operation>`); this
         #: object answers the services not named here.
-        self._services: dict[str, object] = {"ssm": self.ssm, "logs": self.logs}
+        #: The data bucket, whose objects are the files under the rehearsal's /fsx/data.
+        self.data_bucket = f"{cluster_name}-data"
+        self.s3 = S3StandIn(self.data_bucket, self.output / "data")
+        self._services: dict[str, object] = {"ssm": self.ssm, "logs": self.logs, "s3": self.s3}
 
     def close(self) -> None:
         self.instances.close()
@@ -234,6 +240,7 @@ class LocalCloud:
             "TrainingLogGroupName": f"/trainium-cluster/{self.cluster_name}/training",
             "FileSystemId": "fs-0000000rehearsal",
             "ExportPaths": "/jobs",
+            "DataBucketName": self.data_bucket,
         }
         for name in DOCUMENT_NAMES:
             values[f"{name}DocumentName"] = f"{self.cluster_name}-{name}"

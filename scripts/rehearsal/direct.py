@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from scripts.cluster_lib import REPO_ROOT, ClusterError
+from scripts.cluster_lib.code import Snapshot, reference_snapshot
 from scripts.rehearsal.hosts import Hosts
 
 NODE_SCRIPTS = REPO_ROOT / "scripts" / "node"
@@ -171,7 +172,6 @@ class Rehearsal:
             "INSTANCE_TYPE": "local",
             "NODE_COUNT": str(self.hosts.count),
             "FSX_MOUNT_POINT": str(self.output),
-            "WORKLOAD_DIR": str(REPO_ROOT / "workload"),
         }
         env_file = self.node_dir / "cluster.env"
         env_file.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
@@ -186,6 +186,8 @@ class Rehearsal:
             TRAINIUM_CLUSTER_ENV=str(env_file),
             TRAINIUM_STATE_DIR=str(state),
             TRAINIUM_LOG_DIR=str(self.node_dir / "log"),
+            # The nodes share this machine: one cache of unpacked code snapshots (job_code.sh).
+            TRAINIUM_CODE_CACHE=str(self.node_dir / "code"),
             # Each node gets one process; keep each from taking every core for itself.
             OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
             TOKENIZERS_PARALLELISM="false",
@@ -211,10 +213,28 @@ class Rehearsal:
 
         return RunningCommand(self.hosts, argv, self.env, self.echo)
 
-    def start_job(self, job_id: str, train_args: Sequence[str]) -> RunningCommand:
+    def place_code(self, packed: Snapshot) -> str:
+        """Puts a code snapshot where the nodes find it, /fsx/data/code/<sha256>.tar.gz (the
+        data bucket's object, as the file system imports it); returns its sha256."""
+        path = self.data / packed.key
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging = path.with_name(f".{path.name}.{os.getpid()}")
+            staging.write_bytes(packed.data)
+            staging.replace(path)
+        return packed.sha256
+
+    def start_job(
+        self, job_id: str, train_args: Sequence[str], *, code: str | None = None,
+        entry: str | None = None,
+    ) -> RunningCommand:  # fmt: skip
+        """launch.sh on every node; `code` is a snapshot's sha256 (by default the reference
+        workload's, placed here as `train` uploads it)."""
+        sha = code or self.place_code(reference_snapshot())
         options = [
             "--job-id", job_id, "--master-port", str(self.master_port),
-            "--nproc-per-node", "1", "--jobs-root", str(self.jobs),
+            "--nproc-per-node", "1", "--jobs-root", str(self.jobs), "--code", sha,
+            *(["--entry", entry] if entry else []),
         ]  # fmt: skip
         return self.start("launch.sh", options, train_args)
 

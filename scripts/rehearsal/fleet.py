@@ -144,6 +144,11 @@ class SimulatedInstances(Instances):
         root = instance.root
         for folder in ("bin", "state", "log", "fsx"):
             (root / folder).mkdir(parents=True, exist_ok=True)
+        # /fsx/data is the data bucket's, the same on every node (the job's code snapshot).
+        shared = self.output / "data"
+        shared.mkdir(parents=True, exist_ok=True)
+        if not (root / "fsx" / "data").is_symlink():
+            (root / "fsx" / "data").symlink_to(shared)
         tools = {"ip": FAKE_IP.replace("__ADDRESS__", instance.address),
                  "neuron-ls": FAKE_NEURON_LS, "torchrun": FAKE_TORCHRUN}  # fmt: skip
         for name, text in tools.items():
@@ -155,7 +160,7 @@ class SimulatedInstances(Instances):
         settings = {
             "CLUSTER_NAME": self.cluster_name, "INSTANCE_TYPE": "trn1.32xlarge",
             "NODE_COUNT": str(self.hosts.count), "FSX_MOUNT_POINT": str(root / "fsx"),
-            "WORKLOAD_DIR": str(REPO_ROOT / "workload"), "NEURON_VENV": str(root / "no-venv"),
+            "NEURON_VENV": str(root / "no-venv"),
             "SOFTWARE_VERSION": self.software_version,
         }  # fmt: skip
         (root / "cluster.env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
@@ -167,7 +172,8 @@ class SimulatedInstances(Instances):
         return {**env, "PATH": f"{root / 'bin'}:{env['PATH']}", "REHEARSAL_NODE_DIR": str(root),
                 "TRAINIUM_CLUSTER_ENV": str(root / "cluster.env"),
                 "TRAINIUM_STATE_DIR": str(root / "state"),
-                "TRAINIUM_LOG_DIR": str(root / "log")}  # fmt: skip
+                "TRAINIUM_LOG_DIR": str(root / "log"),
+                "TRAINIUM_CODE_CACHE": str(root / "code-cache")}  # fmt: skip
 
     def terminate(self, instance: Instance) -> None:
         instance.state = "terminated"

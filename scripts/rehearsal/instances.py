@@ -3,7 +3,7 @@
 Each instance lives in one slot of the rehearsal's network namespaces (hosts.py) and gets a file
 system laid out like the Neuron DLAMI's, in overlay folders its node agent mounts over /etc, /opt,
 /var and /usr/local in a mount namespace of its own: fake Neuron and EFA tools at their DLAMI
-paths, the venv at /opt/aws_neuronx_venv_pytorch_2_9, the node scripts and the workload at
+paths, the venv at /opt/aws_neuronx_venv_pytorch_2_9, the node scripts at
 /opt/trainium-cluster, cluster.env and node.env in /etc/trainium-cluster. Its agent
 (node_agent.py) then runs the commands the SSM stand-in (ssm_stand_in.py) drops into its spool
 folder. A replaced instance gets a new ID in the same slot.
@@ -182,13 +182,12 @@ class Instance:
 
 
 def software_version() -> str:
-    """What the nodes report as SOFTWARE_VERSION: a digest of the node scripts and the
-    workload, as they are in this checkout."""
+    """What the nodes report as SOFTWARE_VERSION: a digest of the node scripts, as they are
+    in this checkout (a job's code travels as its snapshot, not as node software)."""
     digest = hashlib.sha256()
-    for folder in ("scripts/node", "workload"):
-        for path in sorted((REPO_ROOT / folder).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(path.read_bytes())
+    for path in sorted((REPO_ROOT / "scripts" / "node").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -276,7 +275,6 @@ class Instances:
             "INSTANCE_TYPE": INSTANCE_TYPE,
             "NODE_COUNT": str(self.hosts.count),
             "FSX_MOUNT_POINT": str(self.output),
-            "WORKLOAD_DIR": f"{INSTALL_ROOT}/workload",
             "NEURON_VENV": NEURON_VENV,
             "METRICS_NAMESPACE": "TrainiumCluster",
             "SOFTWARE_VERSION": self.software_version,
@@ -334,15 +332,13 @@ class Instances:
                 "".join(f"{k}={v}\n" for k, v in node_env.items()), 0o644)  # fmt: skip
         install("/var", "lib/trainium-cluster/ready", "ready (rehearsal node)\n", 0o644)
         (uppers["/var"] / "log" / "trainium-cluster").mkdir(parents=True)
-        for target in (NEURON_VENV, f"{INSTALL_ROOT}/scripts/node", f"{INSTALL_ROOT}/workload"):
+        for target in (NEURON_VENV, f"{INSTALL_ROOT}/scripts/node"):
             (uppers["/opt"] / target.removeprefix("/opt/")).mkdir(parents=True, exist_ok=True)
         venv = Path(self.python).parent.parent
         mounts += [
             {"type": "bind", "source": str(venv), "target": NEURON_VENV},
             {"type": "bind", "source": str(REPO_ROOT / "scripts" / "node"),
              "target": f"{INSTALL_ROOT}/scripts/node"},
-            {"type": "bind", "source": str(REPO_ROOT / "workload"),
-             "target": f"{INSTALL_ROOT}/workload"},
         ]  # fmt: skip
         mounts += self.lay_out_neuron_release(instance, venv, install)
         return mounts

@@ -19,6 +19,7 @@ from typing import Any
 
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.cluster import Cluster
+from scripts.cluster_lib.job_inputs import prepare
 from scripts.cluster_lib.jobs import Jobs
 from scripts.rehearsal.aws_stand_in import local_cloud
 from scripts.rehearsal.direct import Rehearsal, check_failed, default_train_args, prepare_data
@@ -113,9 +114,15 @@ def _rehearse_through_run_command(
             wait_timeout=120, failure_grace=60,
         )  # fmt: skip
         jobs = Jobs(cluster)
+        # The reference workload, packed and uploaded to the data bucket as `train` does.
+        inputs = prepare(
+            cluster.clients.s3, cluster.outputs().data_bucket, code=None, script=None,
+            module=None, data=None, out=out,
+        )  # fmt: skip
         execution = jobs.start(
             job_id,
             [*default_train_args(data), *extra_args],
+            inputs,
             max_retries=1,
             retry_delay=5,
             options=REHEARSAL_SUPERVISOR,

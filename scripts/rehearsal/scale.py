@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.cluster_lib.executions import execution_name
+from scripts.cluster_lib.job_inputs import prepare
 from scripts.cluster_lib.outputs import Stack
 from scripts.cluster_lib.queue import JobQueue
 from scripts.rehearsal.aws_stand_in import LocalCloud
@@ -179,6 +180,11 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
         stack.callback(agents.close)
         agents.attach(cloud)
         client = cloud.session().client("stepfunctions")
+        # The job's code, uploaded as `train` uploads it (the real nodes run it).
+        inputs = prepare(
+            cloud.session().client("s3"), cloud.data_bucket, code=None, script=None,
+            module=None, data=None, out=lambda _: None,
+        )  # fmt: skip
         first_call = len(cloud.calls)
         started = time.monotonic()
         # As `train` starts a job: queued, then started by the job queue's dispatcher.
@@ -186,7 +192,7 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
         queue = JobQueue(clients.dynamodb, clients.stepfunctions, Stack(
             clients.cloudformation, cloud.cluster_name))  # fmt: skip
         name = execution_name(JOB_ID, datetime.now(UTC))
-        queue.enqueue(JOB_ID, name, {"JobId": JOB_ID, **SETTINGS})
+        queue.enqueue(JOB_ID, name, {"JobId": JOB_ID, **inputs.parameters(), **SETTINGS})
         queue.dispatch()
         execution = f"{arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
         first = agents.wait_launched(nodes, timeout)
