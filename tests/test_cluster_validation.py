@@ -185,5 +185,15 @@ def test_every_client_uses_adaptive_retries_and_time_outs(
     assert (
         set(CLIENT_SERVICES)
         == set(vars(clients))
-        == {"cloudformation", "ec2", "ssm", "logs", "autoscaling", "fsx", "stepfunctions", "s3"}
+        == {
+            "cloudformation",
+            "ec2",
+            "ssm",
+            "logs",
+            "autoscaling",
+            "fsx",
+            "stepfunctions",
+            "dynamodb",
+            "s3",
+        }
     )

@@ -211,25 +211,29 @@ with open(os.environ["REPORT"], "w") as f:
 
 
 def test_launch_runs_the_workers_in_the_jobs_environment(tmp_path: Path, wheel: Path) -> None:
-    """launch.sh prepares the snapshot's environment once TRAINIUM_CODE_DIR is known, and
+    """launch.sh prepares the snapshot's environment once the snapshot is unpacked, and
     torchrun (the environment's own) starts the workers under its interpreter."""
     from tests.node_support import FakeNode, free_port, real_torchrun
 
     (tmp_path / "node").mkdir()
     node = FakeNode(tmp_path / "node")
     env = real_torchrun(node)
-    (node.workload / "train.py").write_text(WORKER)
-    code = snapshot(tmp_path, wheel)
+    (node.code / "wheels").mkdir(parents=True, exist_ok=True)
+    (node.code / "wheels" / wheel.name).write_bytes(wheel.read_bytes())
+    (node.code / "requirements.txt").write_text("tinydep==1.0\n")
+    (node.code / "entry.py").write_text(WORKER)
+    sha = node.snapshot()
     report = tmp_path / "report"
     result = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts/node/launch.sh"), "--hosts", "127.0.0.1",
-         "--job-id", "j", "--nproc-per-node", "1", "--master-port", str(free_port())],
-        env=node.env(**env, TRAINIUM_CODE_DIR=str(code), TRAINIUM_ENV_CACHE=str(tmp_path / "envs"),
+         "--job-id", "j", "--nproc-per-node", "1", "--master-port", str(free_port()),
+         "--code", sha, "--entry", "entry.py"],
+        env=node.env(**env, TRAINIUM_ENV_CACHE=str(tmp_path / "envs"),
                      PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, REPORT=str(report)),
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     prefix, module = report.read_text().splitlines()
-    job_env = tmp_path / "envs" / code.name
+    job_env = tmp_path / "envs" / sha
     assert Path(prefix).resolve() == job_env.resolve()
     assert Path(module).resolve().is_relative_to(job_env.resolve())

@@ -74,6 +74,14 @@ def cluster(default: Synth) -> Iterator[Cluster]:
             body["ResponseMetadata"] = {"HTTPStatusCode": 200, "HTTPHeaders": {}}
             return AWSResponse("https://test.local", 200, {}, None), body
 
+        # The cluster's data bucket, where `train` uploads the job's code snapshot (code.py).
+        s3 = found.session.client("s3")
+        region = s3.meta.region_name
+        s3.create_bucket(
+            Bucket=outputs["DataBucketName"],
+            **({} if region == "us-east-1" else {
+                "CreateBucketConfiguration": {"LocationConstraint": region}}),
+        )  # fmt: skip
         found.session.events.register("before-call.cloudformation.*", answer)
         found.session.events.register("before-call.autoscaling.*", answer)
         yield found

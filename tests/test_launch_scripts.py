@@ -41,7 +41,7 @@ def test_shellcheck_passes_on_every_node_script() -> None:
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (make setup installs it)")
     scripts = sorted(str(p.relative_to(REPO_ROOT)) for p in NODE.glob("*.sh"))
-    assert len(scripts) == 7
+    assert len(scripts) == 8
     result = subprocess.run(
         ["shellcheck", "--severity=style", *scripts], cwd=REPO_ROOT, capture_output=True,
         text=True, check=False,
