@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -805,3 +806,82 @@ def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:
         "neuron_parallel_compile not found: precompiling needs the Neuron SDK "
         f"(NEURON_VENV={node.root / 'no-venv'} has none)"
     ]
+
+
+# ------------------------------------------- launch: the trainer's own status through torchrun
+# A trainer whose argparse refuses an unknown flag: argparse exits 2 ("error: unrecognized
+# arguments"), as workload/train.py does for a bad flag or missing data.
+ARGPARSE_WORKER = """
+import argparse, os, sys
+parser = argparse.ArgumentParser(prog="train.py")
+parser.add_argument("--steps", type=int, default=1)
+parser.add_argument("--output")
+parser.parse_args()
+sys.exit(int(os.environ.get("WORKER_EXIT", "0")))
+"""
+
+
+def launch_argparse_worker(
+    node: FakeNode, job: str, *train_args: str, nproc: int = 2, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """launch.sh as the RunTraining document starts it (through `sh`, its stdout and stderr
+    apart, as the agent keeps them), with the real torchrun and ARGPARSE_WORKER as train.py.
+    The timeout is an upper bound for torch's import on a loaded machine."""
+    env = (
+        real_torchrun(node)
+        if (node.bin / "torchrun").exists()
+        else {
+            "PATH": f"{node.bin}:{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin:/sbin",
+            "WORKER_DIR": str(node.root),
+        }
+    )
+    (node.workload / "train.py").write_text(ARGPARSE_WORKER)
+    command = (
+        f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id {job} --nproc-per-node {nproc} "
+        f"--master-port {free_port()} -- {' '.join(train_args)}"
+    )
+    return subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, env=node.env(**env, **extra),
+        timeout=600, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_trainer_that_refuses_its_flags_is_reported_as_the_input_error_2(
+    node: FakeNode,
+) -> None:
+    """torch 2.9's torchrun exits 1 whatever status its worker had (checked here: its report
+    names the worker's exitcode 2); launch.sh reads the root cause's status from that report and
+    exits 2, the contract's input error, with the trainer's own error line alone on the agent's
+    stderr, which the API's Output keeps whole (plugin_output: the agent's truncateOutput).
+    Before, the job's bad flag was reported as 1 and retried."""
+    from scripts.rehearsal.ssm_agent.runscript import plugin_output
+
+    result = launch_argparse_worker(node, "bad-flag", "--bogus", "3")
+    assert result.returncode == 2, result.stdout + result.stderr
+    log = (node.fsx / "jobs" / "bad-flag" / "logs" / "node-0-127.0.0.1.log").read_text()
+    assert "torchrun failed with status 1 on node rank 0" in result.stdout
+    assert "exitcode  : 2 (pid:" in log  # torchrun's own report
+    assert "exited with status 2 (torchrun's root cause); reporting 2" in result.stdout
+    said = (
+        "job bad-flag: input error (status 2) on node rank 0: train.py: error: "
+        "unrecognized arguments: --bogus 3"
+    )
+    # The agent's stderr ends with the one line (no newline after it); launch.sh's lines
+    # before its output went to the job's log stay there.
+    assert result.stderr.endswith(f"\n{said}") or result.stderr == said, result.stderr
+    assert plugin_result(result.returncode)[0] == "Failed"
+    output = plugin_output(result.stdout.encode() * 3, result.stderr.encode(), 2)
+    assert len(output) <= 2500 and output.splitlines()[-1] == said
+
+
+@pytest.mark.slow
+def test_a_trainers_own_status_passes_and_a_signal_does_not(node: FakeNode) -> None:
+    """A worker's status 5 (an operator may name it: `train --no-retry-on 5`) is passed on;
+    statuses the agent reads itself stay 1 (194), as does a worker's 75 (launch.sh's leg end
+    alone reports 75). Nothing goes to stderr but for the input error."""
+    for worker, reported in ((5, 5), (75, 1), (194, 1)):
+        result = launch_argparse_worker(node, f"status-{worker}", nproc=1,
+                                        WORKER_EXIT=str(worker))  # fmt: skip
+        assert result.returncode == reported, result.stdout
+        assert "input error" not in result.stderr

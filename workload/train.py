@@ -2,8 +2,9 @@
 
 Reads top to bottom: config, distributed setup, data (validate, tokenizer, token cache),
 model, resume, the training loop with periodic evaluation and checkpoints, the summary.
-``python workload/train.py --help`` lists the flags. Bad flags exit with status 2, bad
-data or models with status 1; both print one ``train.py: error: ...`` line.
+``python workload/train.py --help`` lists the flags. Bad flags and missing or bad data (the
+job's own input) exit with status 2, which the cluster does not retry; a bad model or
+checkpoint with status 1; both print one ``train.py: error: ...`` line.
 """
 
 from __future__ import annotations
@@ -82,7 +83,14 @@ from workload.token_cache import (
     split_cache_dir,
     write_token_cache,
 )
-from workload.turns import USER_ERRORS, SharedError, leader_first, main_then_nodes, read_once
+from workload.turns import (
+    USER_ERRORS,
+    SharedError,
+    exit_status,
+    leader_first,
+    main_then_nodes,
+    read_once,
+)
 
 log = logging.getLogger("workload.train")
 
@@ -609,9 +617,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(config, backend, started)
         return 0
     except SharedError as exc:
-        return _fail(exc, 1, show=backend.is_main)
+        return _fail(exc, exc.status, show=backend.is_main)
     except USER_ERRORS as exc:
-        return _fail(exc, 1, show=True)
+        return _fail(exc, exit_status(exc), show=True)
     finally:
         backend.close()
 

@@ -24,7 +24,10 @@
 # with status 75, which tells the CLI to start the next leg (a resume) without counting a
 # retry. 0 (the default) sets no limit. Any exit status but 0, 1, 3, 4 and 75 (torchrun
 # killed by the OOM killer: 137) is reported as 1, which the SSM agent cannot misread
-# (report_exit_status in lib.sh). A SIGTERM, SIGINT or SIGHUP stops the leg: the trainers
+# (report_exit_status in lib.sh). A trainer's own status (torchrun exits 1 for any failed
+# worker) is read from torchrun's report and passed on when it is 2 to 127 but 75: 2 says the
+# job's own input is wrong (the trainer's bad flag or missing data), which the supervisor does
+# not retry; the trainer's error line then goes to stderr. A SIGTERM, SIGINT or SIGHUP stops the leg: the trainers
 # first, with --stop-grace seconds to save, then torchrun. The soft open-file limit is
 # raised to the hard one before torchrun starts (raise_open_file_limit in lib.sh).
 # Whatever ends this script (a cancel or time-out SIGKILLs its process group), a watchdog in
@@ -144,7 +147,7 @@ fi
 # of the job: stopping leftovers below must not end it.
 job_log="" job_log_pid=""
 open_job_log() {
-  exec {job_log}> >(exec env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}" >/dev/null)
+  exec {job_log}> >(exec env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}" >/dev/null {agent_err}>&-)
   job_log_pid=$!
   LOG_COPY_FD=$job_log
 }
@@ -188,8 +191,31 @@ show_failed_compiles() {
     log "job $job_id: a Neuron compile failed; its compile cache entry: $entry (the next attempt compiles it again: NEURON_CC_FLAGS has --retry_failed_compilation)"
   done < <(head -n "$COMPILE_ENTRIES_SHOWN" <<<"$entries")
 }
+# torchrun exits 1 whatever status its failed worker had: the worker's (the root cause of
+# torchrun's report, torchrun_root_cause_status in lib.sh) becomes this script's status when
+# it is 2 to 127 but 75, which report_exit_status then passes on (PASS_STATUS). 2 is the
+# contract's input error (argparse's status, the reference trainer's for a bad flag or
+# missing data): the supervisor does not retry it, and the agent's stderr gets one line with
+# the trainer's own error line.
+read_trainer_status() {
+  local worker line
+  ((status == 1)) || return 0
+  worker=$(tail -c +"$((log_start + 1))" "$node_log" 2>/dev/null | torchrun_root_cause_status || true)
+  [[ $worker =~ ^[0-9]+$ ]] && ((worker >= 2 && worker <= 127 && worker != 75)) || return 0
+  status=$worker PASS_STATUS=$worker
+  log "job $job_id: the trainer on node rank $NODE_RANK exited with status $worker (torchrun's root cause); reporting $worker"
+  ((worker == 2)) || return 0
+  line=$(tail -c +"$((log_start + 1))" "$node_log" 2>/dev/null | trainer_error_line || true)
+  log "job $job_id: the job's own input is wrong (status 2): ${line:-see the job log}; it is not retried"
+  printf 'job %s: input error (status 2) on node rank %s: %s' "$job_id" "$NODE_RANK" \
+    "${line:-see the job log $node_log}" >&"$agent_err"
+}
 # launch.sh's own errors (a failing tool's message) go to the agent's stdout, as its lines do.
-exec 2>&1
+# The agent's stderr (agent_err) gets one line only, for a job whose input is wrong
+# (read_trainer_status): the API's Output of an invocation keeps the first characters of stdout
+# and the whole of a short stderr (2,500 in all: truncateOutput in the agent's
+# iohandler.go), so that line reaches the supervisor's cause however long stdout is.
+exec {agent_err}>&2 2>&1
 # Where this leg's part of the job's log begins (a resumed job appends to the same log).
 log_start=$(stat -c %s "$node_log" 2>/dev/null || echo 0)
 open_job_log
@@ -204,11 +230,11 @@ fi
 cd "$workload_parent"
 WATCHDOG_LOG="$LOG_DIR/watchdog.log"
 [[ -w $LOG_DIR ]] || WATCHDOG_LOG=/dev/null
-start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE" {job_log}>&-
+start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE" {job_log}>&- {agent_err}>&-
 log "running: ${command[*]}"
 log "the job's output goes to $node_log; CloudWatch Logs: $cloudwatch"
 
-"${command[@]}" >&"$job_log" 2>&1 {job_log}>&- &
+"${command[@]}" >&"$job_log" 2>&1 {job_log}>&- {agent_err}>&- &
 child=$!
 # A stop request (SIGTERM, SIGINT, SIGHUP) stops the leg the way stop.sh stops a job: the
 # trainers first, with --stop-grace seconds to save, then torchrun (stop_job in lib.sh says
@@ -305,9 +331,11 @@ else
   log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $SECONDS s"
   show_job_tail
   show_failed_compiles
+  read_trainer_status
 fi
 # torchrun's status is reported as is when 0, 1, 3 or 4, else as 1 (report_exit_status in
-# lib.sh). 75 is launch.sh's own (the leg's end above): from torchrun it is a failure.
+# lib.sh), unless read_trainer_status found the trainer's own. 75 is launch.sh's own (the
+# leg's end above): from torchrun it is a failure.
 EXIT_SOURCE=${wrap:-torchrun}
 if ((status == 75)); then
   log "torchrun ended with status 75, which only a leg that launch.sh ended at its time limit reports; reporting 1"
