@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib.arguments import UsageError, validate
+from scripts.cluster_lib.arguments import UsageError, no_retry_statuses, validate
 from stacks.api_rates import QUOTAS
 
 if TYPE_CHECKING:
@@ -150,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the job and return at once (Ctrl-C while following detaches too)",
     )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="do not print rank 0's output")
+    train.add_argument(
+        "--no-retry-on", default="", metavar="STATUSES",
+        help="the trainer's exit statuses (comma separated, 1-127) that end the job without a "
+        "retry, besides 2 (the job's own input is wrong: a bad flag, missing data)",
+    )  # fmt: skip
+    train.add_argument(
+        "--retry-on", default="", metavar="STATUSES",
+        help="statuses to retry all the same: `--retry-on 2` retries input errors too",
+    )  # fmt: skip
 
     jobs = sub.add_parser(
         "jobs", parents=[common], help="current and past jobs: status, attempts, step, accuracy"
@@ -452,7 +461,11 @@ def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str])
     execution = jobs.start(
         job_id, train_args, master_port=args.master_port, nproc_per_node=args.nproc_per_node,
         max_retries=args.max_retries, retry_delay=args.retry_delay,
-        options={"PollSeconds": poll, "FailureGraceSeconds": args.failure_grace},
+        options={
+            "PollSeconds": poll,
+            "FailureGraceSeconds": args.failure_grace,
+            "NoRetryStatuses": no_retry_statuses(args.no_retry_on, args.retry_on),
+        },
     )  # fmt: skip
     jobs.run(execution, job_id, detach=args.detach, stream=not args.quiet)
     return 0

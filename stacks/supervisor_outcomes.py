@@ -283,6 +283,29 @@ class OutcomeStates(StatesBase):
     #: The execution's cause is the failure in words ($.Why.Text).
     job_failed = fail("JobFailed", error="JobFailed", cause_path="$.Why.Text")
 
+    #: A node ended with a status of the job's NoRetryStatuses (2: the job's own input is
+    #: wrong): no retry can help, the job ends.
+    describe_not_retried = _why(
+        "DescribeNotRetried",
+        "attempt {} failed with a status this job does not retry: {}",
+        sfn.JsonPath.string_at("$.Counters.Attempts"),
+        _causes(),
+    )
+
+    @cached_property
+    def notify_not_retried(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyNotRetried",
+            "failed",
+            "Job {} failed, not retried: {} (commands {}). Status 2 is an input error of the job "
+            "(a bad flag, missing data): fix it and train again. Read the output with "
+            "`cluster.py logs --job-id {}`.",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Why.Text"),
+            _command_ids(),
+            self.t.job_id,
+        )
+
     @cached_property
     def count_retry(self) -> sfn.Pass:
         return self._add_one("CountRetry", "Retries")

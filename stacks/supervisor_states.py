@@ -35,6 +35,10 @@ JOB_DEFAULTS: dict[str, Any] = {
     # How long the other nodes may run on after one node's invocation ended before the rest of
     # the attempt is cancelled (a data-parallel job cannot go on without a rank).
     "FailureGraceSeconds": 300,
+    # RunTraining statuses that end the job without a retry: 2, the contract's input error
+    # (launch.sh passes on a trainer's status 2 to 127 but 75); `train --no-retry-on` and
+    # `--retry-on` change the list (INPUT_ERROR_STATUS in stacks/supervisor_run.py).
+    "NoRetryStatuses": [2],
 }
 
 

@@ -303,12 +303,20 @@ def test_a_failure_outranks_a_leg_end_and_a_mixed_fleet_outranks_both(default: S
     template = default.templates["operations"]
     found = dict(states(machine_definition(template, placeholder_refs(template))))
     outcome = found["TrainingOutcome"]
-    assert [(c["Variable"], c["Next"]) for c in outcome["Choices"]] == [
-        ("$.Verdict.Bad", "StopFilter"), ("$.Verdict.Leg", "CountLeg"),
-    ]  # fmt: skip
+    # A bad node, or one whose status the job does not retry (an input error), before a leg end.
+    assert [([v["Variable"] for v in c["Or"]], c["Next"]) for c in outcome["Choices"][:1]] == [
+        (["$.Verdict.Bad", "$.Verdict.Final"], "StopFilter")
+    ]
+    assert [(c["Variable"], c["Next"]) for c in outcome["Choices"][1:]] == [
+        ("$.Verdict.Leg", "CountLeg")
+    ]
     # Every node done: a finish, unless a StopTraining for the job came (the stop check).
     assert outcome["Default"] == "StopFilter"
     assert found["NotStopped"]["Default"] == "NotifyFinish"
+    # After the stop check, a status not retried ends the job before a bad node retries it.
+    assert [(c["Variable"], c["Next"]) for c in found["NotStopped"]["Choices"]] == [
+        ("$.Verdict.Final", "DescribeNotRetried"), ("$.Verdict.Bad", "RetryLeft"),
+    ]  # fmt: skip
     passed = found["PreflightPassed"]
     assert passed["Choices"][0] == {
         "Variable": "$.Verdict.Roll", "BooleanEquals": True, "Next": "NotifyMixedFleet",

@@ -74,6 +74,46 @@ def check_train_args(args: list[str], reserved: dict[str, str]) -> None:
         )
 
 
+#: The trainer's status for its own bad input (argparse's), which the supervisor does not retry
+#: unless told to (stacks/supervisor_run.py INPUT_ERROR_STATUS, the job's NoRetryStatuses).
+INPUT_ERROR_STATUS = 2
+#: launch.sh's leg end: never a trainer's status (launch.sh reports a trainer's 75 as 1).
+LEG_END_STATUS = 75
+
+
+def statuses(flag: str, value: str) -> set[int]:
+    """A comma-separated list of exit statuses a trainer can report through launch.sh: 1 to
+    127 but 75 (launch.sh passes a trainer's status on only then: report_exit_status in
+    scripts/node/lib.sh; above 127 the status is a signal's or one the SSM agent reads)."""
+    found: set[int] = set()
+    for item in filter(None, value.split(",")):
+        if not re.fullmatch(r"[1-9][0-9]{0,2}", item) or int(item) > 127:
+            raise UsageError(
+                f"{flag} {value!r} is not allowed: give exit statuses from 1 to 127, comma "
+                "separated (launch.sh reports any higher status as 1)"
+            )
+        if int(item) == LEG_END_STATUS:
+            raise UsageError(
+                f"{flag} names 75, the status launch.sh reports when a leg ends at its time "
+                "limit (the next leg resumes): a trainer's own 75 is reported as 1"
+            )
+        found.add(int(item))
+    return found
+
+
+def no_retry_statuses(no_retry_on: str, retry_on: str) -> list[int]:
+    """The job's NoRetryStatuses: 2 (an input error) and those of --no-retry-on, less those of
+    --retry-on."""
+    never, again = statuses("--no-retry-on", no_retry_on), statuses("--retry-on", retry_on)
+    both = sorted(never & again)
+    if both:
+        raise UsageError(
+            f"--no-retry-on and --retry-on both name {', '.join(map(str, both))}: name a status "
+            "in one of them"
+        )
+    return sorted(({INPUT_ERROR_STATUS} | never) - again)
+
+
 def check_job_id(value: str | None) -> None:
     if value is not None and not JOB_ID.fullmatch(value):
         raise UsageError(
@@ -122,6 +162,7 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
             raise UsageError(f"--check-every {args.check_every} is not allowed: use 1 to 3600")
         if not 0 <= args.failure_grace <= 86400:
             raise UsageError(f"--failure-grace {args.failure_grace} is not allowed: use 0 to 86400")
+        no_retry_statuses(args.no_retry_on, args.retry_on)
     if command == "jobs" and not 1 <= args.limit <= 1000:
         raise UsageError(f"--limit {args.limit} is not allowed: use 1 to 1000")
     if command == "preflight":
