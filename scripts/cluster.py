@@ -8,6 +8,7 @@
     python scripts/cluster.py jobs [--limit 10]
     python scripts/cluster.py stop --job-id ID
     python scripts/cluster.py logs --job-id ID [--node RANK|ADDRESS|INSTANCE] [--follow]
+    python scripts/cluster.py shell RANK|ADDRESS|INSTANCE
     python scripts/cluster.py roll [--wait] [--force]
     python scripts/cluster.py export [--timeout 3600]
     python scripts/cluster.py rehearse --nodes 2 [--output build/rehearsal] [-- <train.py args>]
@@ -183,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--follow", action="store_true", help="keep printing new output until the command ends"
     )
 
+    shell = sub.add_parser(
+        "shell", parents=[common],
+        help="open a shell on a node (Session Manager, through the AWS CLI and its plugin)",
+    )  # fmt: skip
+    shell.add_argument("node", metavar="NODE", help="rank, address or instance ID")
+
     roll = sub.add_parser(
         "roll", parents=[common],
         help="replace the nodes that do not run the group's current launch template",
@@ -343,15 +350,9 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
     command_ids = [c["CommandId"] for c in commands]
     instance = None
     if args.node is not None:
-        nodes, _ = cluster.running_nodes()
-        match = [
-            n for rank, n in enumerate(nodes) if args.node in (str(rank), n.address, n.instance_id)
-        ]
-        if not match and not args.node.startswith("i-"):
-            raise ClusterError(
-                f"--node {args.node!r} matches no running node (rank, address or ID)"
-            )
-        instance = match[0].instance_id if match else args.node
+        from scripts.cluster_lib.session import node_instance
+
+        instance = node_instance(cluster, args.node, gone_ok=True)
     # (stream, the instance it belongs to, the time window of the command in it or None)
     streams: list[tuple[str, str, tuple[int, int | None] | None]] = []
     if document in JOB_OUTPUT_FOLDERS:
@@ -491,6 +492,12 @@ def cmd_stop(cluster: Cluster, args: argparse.Namespace) -> int:
     return report(cluster.stop(args.job_id), f"stop of job {args.job_id}")
 
 
+def cmd_shell(cluster: Cluster, args: argparse.Namespace) -> int:
+    from scripts.cluster_lib.session import open_shell
+
+    return open_shell(cluster, args.node, args.profile)
+
+
 def cmd_export(cluster: Cluster, args: argparse.Namespace) -> int:
     task = cluster.export(timeout=args.timeout)
     out(
@@ -514,6 +521,7 @@ def dispatch(
         "jobs": lambda: cmd_jobs(cluster, args),
         "stop": lambda: cmd_stop(cluster, args),
         "logs": lambda: cmd_logs(cluster, args),
+        "shell": lambda: cmd_shell(cluster, args),
         "roll": lambda: (cluster.roll(force=args.force, wait=args.wait), 0)[1],
         "export": lambda: cmd_export(cluster, args),
     }
