@@ -885,3 +885,63 @@ def test_a_trainers_own_status_passes_and_a_signal_does_not(node: FakeNode) -> N
                                         WORKER_EXIT=str(worker))  # fmt: skip
         assert result.returncode == reported, result.stdout
         assert "input error" not in result.stderr
+
+
+# ------------------------------------------------------------- launch: a new job or a resume
+def checkpoint(node: FakeNode, job: str, step: int, *, complete: bool = True) -> Path:
+    """A checkpoint in the reference trainer's layout (workload/checkpoint.py: complete once it
+    holds model.safetensors, trainer_state.pt and config.json)."""
+    path = node.fsx / "jobs" / job / "checkpoints" / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    names = ["model.safetensors", "trainer_state.pt", "config.json"]
+    for name in names if complete else names[:1]:
+        (path / name).write_bytes(b"")
+    return path
+
+
+def test_a_new_job_whose_id_holds_a_checkpoint_is_refused_before_torchrun(node: FakeNode) -> None:
+    """--resume new (the supervisor's first attempt of a new job) with the job's directory
+    holding a checkpoint: exit 2, the input error (no retry), one line naming the step and how
+    to resume, alone at the end of the agent's stderr; torchrun never starts. Before, the
+    trainer resumed the old job silently under the new job's settings."""
+    checkpoint(node, "bert-1", 200)
+    newest = checkpoint(node, "bert-1", 1200)
+    checkpoint(node, "bert-1", 1400, complete=False)  # a save that never finished
+    values = {"Hosts": "10.1.0.12", "JobId": "bert-1", "NprocPerNode": "1", "Resume": "new"}
+    result = node.run_document("RunTraining", values)
+    assert result.returncode == 2, result.stdout + result.stderr
+    said = (
+        f"job bert-1 exists at step 1200 ({newest}): resume it with train --resume bert-1, or "
+        "choose another --job-id"
+    )
+    assert result.stderr.endswith(f"job bert-1: input error (status 2) on node rank 0: {said}")
+    assert not (node.root / "torchrun.args").exists()
+
+
+@pytest.mark.parametrize(
+    ("resume", "saved", "said", "flag"),
+    [
+        ("resume", False, "job j: resume asked, but {out} holds no checkpoint: it starts at step 0",
+         "1"),
+        ("resume", True, "job j: resuming from step 7 ({out}/checkpoints/step_00000007)", "1"),
+        ("new", False, "job j: a new job: it starts at step 0", "0"),
+    ],
+)  # fmt: skip
+def test_launch_says_what_the_job_starts_from(
+    node: FakeNode, resume: str, saved: bool, said: str, flag: str
+) -> None:
+    if saved:
+        checkpoint(node, "j", 7)
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+                      "1", "--resume", resume, "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert said.format(out=node.fsx / "jobs" / "j") in result.stderr
+    assert f"TRAINIUM_RESUME={flag}" in result.stdout.splitlines()
+
+
+def test_launch_refuses_an_unknown_resume_mode(node: FakeNode) -> None:
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--resume", "fresh")
+    assert result.returncode == 1
+    assert errors(result) == [
+        "--resume 'fresh' is not allowed: use new (a job ID not used before) or resume"
+    ]

@@ -3,13 +3,16 @@
 #
 #   launch.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500] [--nproc-per-node auto|N]
 #             [--jobs-root /fsx/jobs] [--node-address ADDR] [--time-limit SECONDS]
-#             [--stop-grace 1800] [--wrap CMD] [--log-folder jobs|precompile] [--dry-run]
+#             [--stop-grace 1800] [--wrap CMD] [--log-folder jobs|precompile]
+#             [--resume new|resume] [--dry-run]
 #             -- <train.py args>
 #
 # Every node runs the same command line (the RunTraining SSM document sends it to all of
 # them). Each finds its rank as the position of its own address in --hosts; the first host
-# is the torchrun master. The job writes to <jobs-root>/<job-id>; running the same job ID
-# again resumes from its latest checkpoint (workload/train.py resumes from --output).
+# is the torchrun master. The job writes to <jobs-root>/<job-id>. --resume resume (the default)
+# resumes from its latest checkpoint (workload/train.py resumes from --output) or starts at step
+# 0 when there is none; --resume new refuses, with the input error's status 2, a job ID whose
+# directory holds a checkpoint. TRAINIUM_RESUME is 1 or 0 accordingly.
 # The job's output (torchrun, the workers, the compiler) goes only to
 # <jobs-root>/<job-id>/logs/node-<rank>-<address>.log and to <log dir>/<log-folder>/<job-id>.log
 # on the node (/var/log/trainium-cluster/jobs/ unless --log-folder says precompile: the
@@ -42,12 +45,12 @@ trap 'on_err $LINENO "$BASH_COMMAND"' ERR
 load_cluster_env || true
 
 hosts_arg="" job_id="" master_port=29500 nproc_arg=auto node_address_arg="" wrap="" dry_run=0
-time_limit=0 stop_grace=1800 log_folder=jobs
+time_limit=0 stop_grace=1800 log_folder=jobs resume=resume
 jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
 while (($#)); do
   case $1 in
     --hosts | --job-id | --master-port | --nproc-per-node | --jobs-root | --node-address | --wrap | \
-      --time-limit | --stop-grace | --log-folder)
+      --time-limit | --stop-grace | --log-folder | --resume)
       (($# >= 2)) || die "$1 needs a value (see --help)"
       case $1 in
         --time-limit) time_limit=$2 ;;
@@ -60,6 +63,7 @@ while (($#)); do
         --node-address) node_address_arg=$2 ;;
         --wrap) wrap=$2 ;;
         --log-folder) log_folder=$2 ;;
+        --resume) resume=$2 ;;
       esac
       shift 2
       ;;
@@ -83,6 +87,8 @@ fi
 [[ $stop_grace =~ ^[0-9]{1,6}$ ]] || die "--stop-grace '$stop_grace' is not a number of seconds"
 [[ $log_folder == jobs || $log_folder == precompile ]] ||
   die "--log-folder '$log_folder' is not allowed: use jobs or precompile"
+[[ $resume == new || $resume == resume ]] ||
+  die "--resume '$resume' is not allowed: use new (a job ID not used before) or resume"
 if ((time_limit > 0 && stop_grace >= time_limit)); then
   die "--stop-grace $stop_grace leaves no time to train within --time-limit $time_limit: use fewer seconds than the limit"
 fi
@@ -118,6 +124,24 @@ command=(torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK"
 if [[ -n $wrap ]]; then
   command=("$wrap" "${command[@]}")
 fi
+
+# New or resumed: the job's directory on the shared file system says which it can be. A new
+# job whose ID holds a checkpoint is refused before torchrun (the trainer would resume it
+# silently, its optimizer and schedule overriding what the new job asked for); a resume
+# without a checkpoint starts at step 0 and says so. The trainer reads TRAINIUM_RESUME.
+checkpoint=$(latest_checkpoint "$output_dir")
+if [[ $resume == new && -n $checkpoint ]]; then
+  input_error "$job_id" "$NODE_RANK" "job $job_id exists at step ${checkpoint%% *} (${checkpoint#* }): resume it with train --resume $job_id, or choose another --job-id"
+elif [[ $resume == new ]]; then
+  log "job $job_id: a new job: it starts at step 0"
+elif [[ -n $checkpoint ]]; then
+  log "job $job_id: resuming from step ${checkpoint%% *} (${checkpoint#* })"
+else
+  log "job $job_id: resume asked, but $output_dir holds no checkpoint: it starts at step 0"
+fi
+TRAINIUM_RESUME=0
+[[ $resume == new ]] || TRAINIUM_RESUME=1
+export TRAINIUM_RESUME
 
 if ((dry_run)); then
   env | grep -E '^(FI_|NEURON_|CCOM_|GLOO_|MALLOC_ARENA_MAX|TRAINIUM_|PYTHONPATH)' | sort

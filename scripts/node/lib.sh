@@ -119,6 +119,36 @@ trainer_error_line() {
     tail -n 1 | tr -d '\000' | cut -c 1-400
 }
 
+# The newest complete checkpoint of a job's output directory ($1), as "<step> <path>";
+# nothing when it has none. The reference trainer's layout (workload/checkpoint.py):
+# <output>/checkpoints/step_<8 digits>/ is complete once it holds model.safetensors,
+# trainer_state.pt and config.json.
+latest_checkpoint() {
+  local dir step="" path="" found
+  for dir in "$1"/checkpoints/step_[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]; do
+    [[ -f $dir/model.safetensors && -f $dir/trainer_state.pt && -f $dir/config.json ]] || continue
+    found=$((10#${dir##*/step_}))
+    if [[ -z $step ]] || ((found > step)); then
+      step=$found path=$dir
+    fi
+  done
+  [[ -z $step ]] || printf '%s %s\n' "$step" "$path"
+}
+
+# Exits 2, the contract's input error, with `$*` as the job's error: logged, and alone as the
+# last line of the agent's stderr (no newline after it: read_trainer_status in launch.sh says
+# why), which the supervisor quotes in its cause ("input error (status 2)" marks it).
+# input_error <job-id> <node rank> <message>
+input_error() {
+  local job=$1 rank=$2
+  shift 2
+  LAST_ERROR="$*"
+  log "error: $*"
+  printf 'job %s: input error (status 2) on node rank %s: %s' "$job" "$rank" "$*" >&2
+  PASS_STATUS=2
+  exit 2
+}
+
 # What an exit status means, in a few words.
 status_meaning() {
   local status=$1 signal
