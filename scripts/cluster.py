@@ -4,7 +4,8 @@
     python scripts/cluster.py status
     python scripts/cluster.py preflight
     python scripts/cluster.py precompile --job-id ID [--steps 10] -- <train.py args>
-    python scripts/cluster.py train --job-id ID [--max-retries N] [--detach] -- <train.py args>
+    python scripts/cluster.py train [--job-id ID | --resume ID] [--max-retries N] [--detach]
+        -- <train.py args>
     python scripts/cluster.py jobs [--limit 10]
     python scripts/cluster.py stop --job-id ID
     python scripts/cluster.py logs --job-id ID [--node RANK|ADDRESS|INSTANCE] [--follow]
@@ -126,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="start (or resume) a job under the cluster's supervisor in AWS and follow it",
     )  # fmt: skip
     job_options(train, required=False)
+    train.add_argument(
+        "--resume", metavar="JOB",
+        help="resume job JOB from its latest checkpoint (its restored optimizer and schedule "
+        "go on; a new --job-id is a new job, refused when the ID was used)",
+    )  # fmt: skip
     train.add_argument(
         "--max-retries", type=int, default=2,
         help="the supervisor relaunches the job after a failure up to N times; each retry "
@@ -454,10 +460,20 @@ def cmd_precompile(cluster: Cluster, args: argparse.Namespace, train_args: list[
 def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str]) -> int:
     from scripts.cluster_lib.jobs import Jobs
 
-    job_id = args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")
-    if not args.job_id:
-        out(f"job ID: {job_id} (train again with --job-id {job_id} to resume it)")
+    job_id = args.resume or args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")
+    if not (args.job_id or args.resume):
+        out(f"job ID: {job_id} (resume it with `trainium-cluster train --resume {job_id}`)")
     jobs = Jobs(cluster)
+    if not args.resume:
+        # A new job's ID must be new: launch.sh refuses one whose directory holds a checkpoint
+        # too, but only once the nodes are ready and preflight passed.
+        used = jobs.executions.of_job(job_id)
+        if used is not None:
+            raise ClusterError(
+                f"job {job_id} ran on this cluster before (execution {used['name']}, started "
+                f"{used['startDate']:%Y-%m-%d %H:%M} UTC): resume it with `trainium-cluster "
+                f"train --resume {job_id}`, or choose another --job-id"
+            )
     poll = jobs.poll_seconds(args.check_every)
     execution = jobs.start(
         job_id, train_args, master_port=args.master_port, nproc_per_node=args.nproc_per_node,
@@ -466,6 +482,7 @@ def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str])
             "PollSeconds": poll,
             "FailureGraceSeconds": args.failure_grace,
             "NoRetryStatuses": no_retry_statuses(args.no_retry_on, args.retry_on),
+            "Resume": "resume" if args.resume else "new",
         },
     )  # fmt: skip
     jobs.run(execution, job_id, detach=args.detach, stream=not args.quiet)

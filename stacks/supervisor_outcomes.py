@@ -94,17 +94,18 @@ class OutcomeStates(StatesBase):
             "NotifyMixedFleet",
             "cannot run",
             "Job {} cannot run: its nodes run different software (preflight commands {}). "
-            "Roll the fleet with `cluster.py roll --wait`, then train again with the same job "
-            "ID to resume.",
+            "Roll the fleet with `trainium-cluster roll --wait`, then resume the job with "
+            "`trainium-cluster train --resume {}`.",
             self.t.job_id,
             _command_ids(),
+            self.t.job_id,
         )
 
     nodes_differ = fail(
         "NodesDiffer",
         error="NodesRunDifferentSoftware",
-        cause="the nodes run different software: roll the fleet (cluster.py roll "
-        "--wait), then train again with the same job ID to resume",
+        cause="the nodes run different software: roll the fleet (trainium-cluster roll "
+        "--wait), then resume the job with trainium-cluster train --resume <job ID>",
     )
 
     # The job finished ----------------------------------------------------------------------------
@@ -375,7 +376,8 @@ class OutcomeStates(StatesBase):
         return self.t.notify(
             "NotifyWaitLimit",
             "failed",
-            "Job {} failed: {}. Train again with the same job ID to resume once the nodes are "
+            "Job {} failed: {}. Resume it with `trainium-cluster train --resume` and its ID "
+            "once the nodes are "
             "there (`cluster.py status`).",
             self.t.job_id,
             sfn.JsonPath.string_at("$.Why.Text"),

@@ -39,6 +39,10 @@ JOB_DEFAULTS: dict[str, Any] = {
     # (launch.sh passes on a trainer's status 2 to 127 but 75); `train --no-retry-on` and
     # `--retry-on` change the list (INPUT_ERROR_STATUS in stacks/supervisor_run.py).
     "NoRetryStatuses": [2],
+    # RunTraining's Resume on the job's first attempt: new (launch.sh refuses a job ID whose
+    # directory holds a checkpoint), or resume (`train --resume`). Every later attempt and
+    # leg resumes (NewOrResumed).
+    "Resume": "new",
 }
 
 
@@ -294,12 +298,26 @@ class SupervisorStates(OutcomeStates):
 
     preflight_passed = choice("PreflightPassed")
 
+    #: The job's first attempt runs with the job's Resume (new, unless `train --resume`); a
+    #: retry or a new leg (Attempts or Legs past 1) resumes, and so do the job's successors
+    #: (they carry $.Job).
+    new_or_resumed = choice("NewOrResumed")
+
+    @cached_property
+    def resume_job(self) -> sfn.Pass:
+        return self._pass(
+            "ResumeJob", result=sfn.Result.from_string("resume"), result_path="$.Job.Resume"
+        )
+
     @cached_property
     def run_training(self) -> Run:
         return run_on_every_node(
             self.t,
             "RunTraining",
-            {name: from_job(name) for name in ("JobId", "MasterPort", "NprocPerNode", "TrainArgs")},
+            {
+                name: from_job(name)
+                for name in ("JobId", "MasterPort", "NprocPerNode", "TrainArgs", "Resume")
+            },
             comment="{} attempt {}",
         )
 

@@ -20,8 +20,10 @@ around it is stacks/supervisor.py.
     NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
     PreflightPassed a mixed fleet → NotifyMixedFleet → NodesDiffer (fails)
                     a bad or replaced node → RetryLeft
-                    otherwise → RunTraining (RunTrainingBatches … RunTrainingVerdict)
-                    → TrainingOutcome
+                    otherwise → NewOrResumed
+    NewOrResumed    a retry or a new leg → ResumeJob (Resume: resume) → RunTraining; the job's
+                    first attempt → RunTraining (Resume: new, or resume for `train --resume`)
+                    (RunTrainingBatches … RunTrainingVerdict) → TrainingOutcome
     PreflightBatches, RunTrainingBatches
                     a child failed → <Document>MapFailedListOtherBatches … (the attempt's
                     commands cancelled) → <Document>MapFailed → RetryLeft
@@ -148,7 +150,15 @@ def run_an_attempt(s: SupervisorStates) -> None:
             sfn.Condition.boolean_equals("$.Verdict.Replaced", True),
         ),
         s.retry_left,
+    ).otherwise(s.new_or_resumed)
+    s.new_or_resumed.when(
+        sfn.Condition.or_(
+            sfn.Condition.number_greater_than("$.Counters.Attempts", 1),
+            sfn.Condition.number_greater_than("$.Counters.Legs", 1),
+        ),
+        s.resume_job,
     ).otherwise(s.run_training.start)
+    s.resume_job.next(s.run_training.start)
     s.notify_mixed_fleet.next(s.nodes_differ)
     # A batch's child execution failed, and with it the map run: the attempt's commands are
     # cancelled (stacks/supervisor_run.py), then a retry.

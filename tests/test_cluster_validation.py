@@ -212,7 +212,15 @@ def test_train_names_the_statuses_the_supervisor_does_not_retry(
 
     started: dict[str, Any] = {}
     monkeypatch.setattr(cli, "make_cluster", lambda *_: object())
-    monkeypatch.setattr(jobs.Jobs, "__init__", lambda self, cluster: None)
+
+    class NoExecutions:
+        def of_job(self, job_id: str) -> None:
+            return None
+
+    def init(self: Any, cluster: Any) -> None:
+        self.executions = NoExecutions()
+
+    monkeypatch.setattr(jobs.Jobs, "__init__", init)
     monkeypatch.setattr(jobs.Jobs, "poll_seconds", lambda self, requested: 300)
     monkeypatch.setattr(jobs.Jobs, "start", lambda self, *a, **k: started.update(k) or "arn")
     monkeypatch.setattr(jobs.Jobs, "run", lambda self, *a, **k: None)

@@ -321,7 +321,7 @@ def test_a_failure_outranks_a_leg_end_and_a_mixed_fleet_outranks_both(default: S
     assert passed["Choices"][0] == {
         "Variable": "$.Verdict.Roll", "BooleanEquals": True, "Next": "NotifyMixedFleet",
     }  # fmt: skip
-    assert passed["Default"] == "RunTrainingBatches"
+    assert passed["Default"] == "NewOrResumed"
 
 
 def loop_events(definition: dict[str, Any], start: str) -> int:

@@ -212,6 +212,8 @@ class Run:
             str(latest_checkpoint(self.output) or "") if backend.is_main else None
         )
         self.resumed_from = Path(resume) if resume else None
+        if self.resumed_from is None:
+            log.info("starting fresh at step 0: no checkpoint in %s", self.output)
 
         backend.seed(config.seed)  # the same initial weights on every rank
         model = leader_first(
@@ -298,6 +300,16 @@ class Run:
         rng_count = int(state.pop("rng_count"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # The restored optimizer and schedule go on as the job began them: a new --lr does not
+        # apply to a resumed job (a new job ID starts a new schedule). Said, not silently kept.
+        restored = self.optimizer.param_groups[0].get("initial_lr", config.lr)
+        if restored != config.lr:
+            log.warning(
+                "--lr %g is not applied: the job resumes with its restored optimizer and "
+                "learning-rate schedule (started at lr %g); start a new job to change it",
+                config.lr,
+                restored,
+            )
         self.step = int(state["step"])
         if state["world_size"] == backend.world_size and state["batch_size"] == config.batch_size:
             self.epoch, self.offset = int(state["epoch"]), int(state["batch_in_epoch"])

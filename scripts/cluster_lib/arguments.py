@@ -114,10 +114,10 @@ def no_retry_statuses(no_retry_on: str, retry_on: str) -> list[int]:
     return sorted(({INPUT_ERROR_STATUS} | never) - again)
 
 
-def check_job_id(value: str | None) -> None:
+def check_job_id(value: str | None, flag: str = "--job-id") -> None:
     if value is not None and not JOB_ID.fullmatch(value):
         raise UsageError(
-            f"--job-id {value!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+            f"{flag} {value!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
 
@@ -138,6 +138,12 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
         raise UsageError(f"{command} takes no train.py arguments after --")
     if command in ("train", "precompile", "stop"):
         check_job_id(args.job_id)
+    if command == "train":
+        check_job_id(args.resume, "--resume")
+        if args.resume and args.job_id:
+            raise UsageError(
+                "give --job-id ID for a new job or --resume ID to resume one, not both"
+            )
     if command in ("train", "precompile"):
         check_port("--master-port", args.master_port)
         if not re.fullmatch(r"auto|[1-9][0-9]{0,2}", args.nproc_per_node):
