@@ -478,14 +478,10 @@ def _final(t: SupervisorTasks, p: str) -> sfn.Choice:
     the cause names it as one the operator chose not to retry."""
     instance, code = "$.Invocation.InstanceId", "$.Plugin.ResponseCode"
     which = sfn.Choice(t.scope, f"{p}InputError")
-    lines = sfn.Pass(
-        t.scope,
-        f"{p}OutputLines",
-        parameters={
-            "Invocation": sfn.JsonPath.object_at("$.Invocation"),
-            "Lines.$": "States.StringSplit($.Plugin.Output, $.Newline)",
-        },
-    )
+    # The Output's last line: split at its newlines (a delimiter from a path: an intrinsic's
+    # string literal cannot hold one), its last item; in one state (a node's classification
+    # stays within EVENTS_PER_NODE history events: stacks/supervisor_limits.py).
+    split = "States.StringSplit($.Plugin.Output, $.Newline)"
     said = sfn.Pass(
         t.scope,
         f"{p}InputErrorSaid",
@@ -493,10 +489,9 @@ def _final(t: SupervisorTasks, p: str) -> sfn.Choice:
             "Class": "final",
             "Cause.$": "States.Format('{}: RunTraining failed with status 2, an input error "
             "of the job (not retried): {}', $.Invocation.InstanceId, "
-            "States.ArrayGetItem($.Lines, States.MathAdd(States.ArrayLength($.Lines), -1)))",
+            f"States.ArrayGetItem({split}, States.MathAdd(States.ArrayLength({split}), -1)))",
         },
     )
-    lines.next(said)
     chosen = sfn.Pass(
         t.scope,
         f"{p}NotRetried",
@@ -516,7 +511,7 @@ def _final(t: SupervisorTasks, p: str) -> sfn.Choice:
             sfn.Condition.is_present("$.Plugin.Output"),
             sfn.Condition.string_matches("$.Plugin.Output", f"*{INPUT_ERROR_MARK}*"),
         ),
-        lines,
+        said,
     ).otherwise(chosen)
     return which
 
