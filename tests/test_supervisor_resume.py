@@ -7,16 +7,41 @@ resume, and so does the first attempt of `train --resume` (the execution input's
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from scripts.rehearsal import fleet
+from scripts.rehearsal.ssm_agent.runscript import plugin_result
 from tests.cdk_support import Synth
 from tests.test_supervisor import default
 from tests.test_supervisor_faults import SETTINGS, ended, simulated, subjects
 
 __all__ = ["default"]  # the default cluster's synth, a fixture of test_supervisor
+
+
+def end_together(agents: fleet.SimulatedAgents, code: int) -> None:
+    """Every running trainer ends with `code` at once, as a leg's end does on every node: the
+    invocations leave the agents' running set together, so the supervisor's cancel of the rest
+    of a batch after the first one ended (its grace passes at once here) finds none left to
+    kill; then each ends as SimulatedAgents._end writes it (plugin_result: the agent's
+    reading of the status). One node at a time, the cancel could end the second first."""
+    keys = agents.training()
+    with agents._changed:
+        items = [agents.running.pop(key) for key in keys]
+        agents._changed.notify_all()
+    for item in items:
+        status, details, returned = plugin_result(code, "")
+        for stream, size in (
+            ("stdout", fleet.SIMULATED_STDOUT),
+            ("stderr", fleet.SIMULATED_STDERR),
+        ):
+            data = fleet.simulated_output(item.instance, item.document, size, stream)
+            (item.folder / stream).write_bytes(data)
+        ended = {"status": status, "details": details, "code": returned, "started": item.started}
+        fleet._write(item.folder / "status.json", {**ended, "ended": time.time()})
 
 
 def resume_of(cloud: Any, commands: frozenset[str]) -> set[str]:
@@ -40,8 +65,11 @@ def test_a_new_job_starts_new_and_its_retry_and_its_next_leg_resume(
         agents.finish()
         retry = agents.wait_launched(nodes, 300, after=first)
         assert resume_of(cloud, retry) == {"resume"}
-        for node in cloud.running():
-            agents.fail(node, 75)
+        # A successor execution is named by the job ID and the UTC second it starts in
+        # (NameSuccessor): the leg's successor must not start in the second the retry's did,
+        # which waits that pass at once here would allow (ExecutionAlreadyExists).
+        time.sleep(1.1)
+        end_together(agents, 75)
         leg = agents.wait_launched(nodes, 300, after=first | retry)
         assert resume_of(cloud, leg) == {"resume"}
         agents.finish()
