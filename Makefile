@@ -29,8 +29,11 @@ $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): requirements.txt requirements-dev.txt workload/requirements.txt package.json package-lock.json | $(BIN)/python
+# The project itself goes in editable (pyproject.toml): `trainium-cluster` on .venv/bin. No build
+# isolation: setuptools and wheel (requirements-dev.txt) are in .venv already.
+$(STAMP): requirements.txt requirements-dev.txt workload/requirements.txt pyproject.toml package.json package-lock.json | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 

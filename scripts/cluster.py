@@ -4,11 +4,13 @@
     python scripts/cluster.py status
     python scripts/cluster.py preflight
     python scripts/cluster.py precompile --job-id ID [--steps 10] [--code DIR ...] -- <args>
-    python scripts/cluster.py train [--job-id ID] [--code DIR] [--entry SCRIPT | --module M]
-                                    [--data s3://BUCKET/PREFIX] [--detach] -- <entry args>
+    python scripts/cluster.py train [--job-id ID | --resume ID] [--code DIR]
+                                    [--entry SCRIPT | --module M] [--data s3://BUCKET/PREFIX]
+                                    [--max-retries N] [--detach] -- <entry args>
     python scripts/cluster.py jobs [--limit 10]
     python scripts/cluster.py stop --job-id ID
     python scripts/cluster.py logs --job-id ID [--node RANK|ADDRESS|INSTANCE] [--follow]
+    python scripts/cluster.py shell RANK|ADDRESS|INSTANCE
     python scripts/cluster.py roll [--wait] [--force]
     python scripts/cluster.py export [--timeout 3600]
     python scripts/cluster.py rehearse --nodes 2 [--output build/rehearsal] [-- <train.py args>]
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib.arguments import UsageError, validate
+from scripts.cluster_lib.arguments import UsageError, no_retry_statuses, validate
 from stacks.api_rates import QUOTAS
 
 if TYPE_CHECKING:
@@ -146,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     job_options(train, required=False)
     train.add_argument(
+        "--resume", metavar="JOB",
+        help="resume job JOB from its latest checkpoint (its restored optimizer and schedule "
+        "go on; a new --job-id is a new job, refused when the ID was used)",
+    )  # fmt: skip
+    train.add_argument(
         "--max-retries", type=int, default=2,
         help="the supervisor relaunches the job after a failure up to N times; each retry "
         "waits for a full set of nodes, runs preflight and resumes from the checkpoint "
@@ -170,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the job and return at once (Ctrl-C while following detaches too)",
     )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="do not print rank 0's output")
+    train.add_argument(
+        "--no-retry-on", default="", metavar="STATUSES",
+        help="the trainer's exit statuses (comma separated, 1-127) that end the job without a "
+        "retry, besides 2 (the job's own input is wrong: a bad flag, missing data)",
+    )  # fmt: skip
+    train.add_argument(
+        "--retry-on", default="", metavar="STATUSES",
+        help="statuses to retry all the same: `--retry-on 2` retries input errors too",
+    )  # fmt: skip
 
     jobs = sub.add_parser(
         "jobs",
@@ -195,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "--follow", action="store_true", help="keep printing new output until the command ends"
     )
+
+    shell = sub.add_parser(
+        "shell", parents=[common],
+        help="open a shell on a node (Session Manager, through the AWS CLI and its plugin)",
+    )  # fmt: skip
+    shell.add_argument("node", metavar="NODE", help="rank, address or instance ID")
 
     roll = sub.add_parser(
         "roll", parents=[common],
@@ -356,15 +378,9 @@ def cmd_logs(cluster: Cluster, args: argparse.Namespace) -> int:
     command_ids = [c["CommandId"] for c in commands]
     instance = None
     if args.node is not None:
-        nodes, _ = cluster.running_nodes()
-        match = [
-            n for rank, n in enumerate(nodes) if args.node in (str(rank), n.address, n.instance_id)
-        ]
-        if not match and not args.node.startswith("i-"):
-            raise ClusterError(
-                f"--node {args.node!r} matches no running node (rank, address or ID)"
-            )
-        instance = match[0].instance_id if match else args.node
+        from scripts.cluster_lib.session import node_instance
+
+        instance = node_instance(cluster, args.node, gone_ok=True)
     # (stream, the instance it belongs to, the time window of the command in it or None)
     streams: list[tuple[str, str, tuple[int, int | None] | None]] = []
     if document in JOB_OUTPUT_FOLDERS:
@@ -478,17 +494,33 @@ def cmd_precompile(cluster: Cluster, args: argparse.Namespace, train_args: list[
 def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str]) -> int:
     from scripts.cluster_lib.jobs import Jobs
 
-    job_id = args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")
-    if not args.job_id:
-        out(f"job ID: {job_id} (train again with --job-id {job_id} to resume it)")
+    job_id = args.resume or args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")
+    if not (args.job_id or args.resume):
+        out(f"job ID: {job_id} (resume it with `trainium-cluster train --resume {job_id}`)")
     jobs = Jobs(cluster)
+    if not args.resume:
+        # A new job's ID must be new: launch.sh refuses one whose directory holds a checkpoint
+        # too, but only once the nodes are ready and preflight passed.
+        used = jobs.executions.of_job(job_id)
+        # A running one: Jobs.start says so ("runs already"), as for a queued one.
+        if used is not None and used.get("status") != "RUNNING":
+            raise ClusterError(
+                f"job {job_id} ran on this cluster before (execution {used['name']}, started "
+                f"{used['startDate']:%Y-%m-%d %H:%M} UTC): resume it with `trainium-cluster "
+                f"train --resume {job_id}`, or choose another --job-id"
+            )
     poll = jobs.poll_seconds(args.check_every)
     inputs = job_inputs(cluster, args)
     execution = jobs.start(
         job_id, train_args, inputs, master_port=args.master_port,
         nproc_per_node=args.nproc_per_node,
         max_retries=args.max_retries, retry_delay=args.retry_delay,
-        options={"PollSeconds": poll, "FailureGraceSeconds": args.failure_grace},
+        options={
+            "PollSeconds": poll,
+            "FailureGraceSeconds": args.failure_grace,
+            "NoRetryStatuses": no_retry_statuses(args.no_retry_on, args.retry_on),
+            "Resume": "resume" if args.resume else "new",
+        },
     )  # fmt: skip
     jobs.run(execution, job_id, detach=args.detach, stream=not args.quiet)
     return 0
@@ -526,6 +558,12 @@ def cmd_stop(cluster: Cluster, args: argparse.Namespace) -> int:
     return report(cluster.stop(args.job_id), f"stop of job {args.job_id}")
 
 
+def cmd_shell(cluster: Cluster, args: argparse.Namespace) -> int:
+    from scripts.cluster_lib.session import open_shell
+
+    return open_shell(cluster, args.node, args.profile)
+
+
 def cmd_export(cluster: Cluster, args: argparse.Namespace) -> int:
     task = cluster.export(timeout=args.timeout)
     out(
@@ -549,6 +587,7 @@ def dispatch(
         "jobs": lambda: cmd_jobs(cluster, args),
         "stop": lambda: cmd_stop(cluster, args),
         "logs": lambda: cmd_logs(cluster, args),
+        "shell": lambda: cmd_shell(cluster, args),
         "roll": lambda: (cluster.roll(force=args.force, wait=args.wait), 0)[1],
         "export": lambda: cmd_export(cluster, args),
     }

@@ -91,13 +91,14 @@ NODE_WAIT_STATES, TAG_PAGE_STATES, READ_CHILD_STATES = 9, 4, 4
 #: Per child per poll of a command: <Doc>Wait, <Doc>Poll, <Doc>Nodes, <Doc>NodesAlive, <Doc>Ended.
 POLL_STATES = 5
 #: The most states one invocation's classification enters (PreflightClassify, PreflightPlugin,
-#: PreflightByCode, PreflightMarkUnhealthy, PreflightReplaced; RunTraining's has no
-#: MarkUnhealthy); what a child enters around its classification at most: a node gone, the
+#: PreflightByCode, PreflightMarkUnhealthy, PreflightReplaced; RunTraining's: its Classify,
+#: Plugin, StatusNamed, ByCode, and for an input error InputError and InputErrorSaid);
+#: what a child enters around its classification at most: a node gone, the
 #: grace and the cancel (<Doc>NodeGone, <Doc>GraceStarts, <Doc>WaitGrace, <Doc>CancelRest,
 #: <Doc>Cancelled), <Doc>NoResultsYet, <Doc>BatchResult, <Doc>ManyCauses and <Doc>FirstCauses;
 #: and per page of invocations <Doc>Results (or <Doc>ResultsPage), <Doc>EachInvocation,
 #: <Doc>AddResultsPage, <Doc>JoinResultsPage and <Doc>MoreResults.
-CLASSIFY_STATES = {"Preflight": 5, "RunTraining": 4}
+CLASSIFY_STATES = {"Preflight": 5, "RunTraining": 6}
 CHILD_END_STATES, RESULTS_PAGE_STATES = 9, 5
 #: The job's execution from an attempt's end to its successor's start, at most (TrainingOutcome,
 #: StopFilter, StopFilters, ListStopCommands, AnyStopCommand, StopCommandJobs, StopMatched,

@@ -198,7 +198,7 @@ class JobSupervisor(Construct):
                         "message of its own just said why, the supervisor itself stopped: read "
                         "the execution's history in the Step Functions console; the job's "
                         "processes may still run (`cluster.py jobs`, `cluster.py stop`), and "
-                        "`cluster.py train` with the same job ID resumes it."
+                        "`trainium-cluster train --resume <job ID>` resumes it."
                     ),
                 )
             ],

@@ -29,9 +29,10 @@ import math
 #: Step Functions quotas: maximum execution history size of a standard execution.
 HISTORY_EVENTS = 25_000
 #: Per node in its batch's child execution: the classification of its invocation (an iteration
-#: of <Document>EachInvocation through Choice and Pass states: at most 10 events for a failed
-#: node or one that is gone, 15 for a node Preflight marks unhealthy, whose iteration calls
-#: SetInstanceHealth). tests/test_supervisor.py counts RunTraining's in a child's history.
+#: of <Document>EachInvocation through Choice and Pass states: at most 12 events for a failed
+#: node or one that is gone, 14 for RunTraining's input error, whose cause quotes its output,
+#: 15 for a node Preflight marks unhealthy, whose iteration calls SetInstanceHealth).
+#: tests/test_supervisor.py counts RunTraining's in a child's history.
 EVENTS_PER_NODE = 15
 #: The rest of a batch's child execution: its start and end, SendCommand, the grace and the
 #: cancel once a node has ended (13), and per page of INVOCATIONS_PAGE invocations

@@ -94,17 +94,18 @@ class OutcomeStates(StatesBase):
             "NotifyMixedFleet",
             "cannot run",
             "Job {} cannot run: its nodes run different software (preflight commands {}). "
-            "Roll the fleet with `cluster.py roll --wait`, then train again with the same job "
-            "ID to resume.",
+            "Roll the fleet with `trainium-cluster roll --wait`, then resume the job with "
+            "`trainium-cluster train --resume {}`.",
             self.t.job_id,
             _command_ids(),
+            self.t.job_id,
         )
 
     nodes_differ = fail(
         "NodesDiffer",
         error="NodesRunDifferentSoftware",
-        cause="the nodes run different software: roll the fleet (cluster.py roll "
-        "--wait), then train again with the same job ID to resume",
+        cause="the nodes run different software: roll the fleet (trainium-cluster roll "
+        "--wait), then resume the job with trainium-cluster train --resume <job ID>",
     )
 
     # The job finished ----------------------------------------------------------------------------
@@ -283,6 +284,29 @@ class OutcomeStates(StatesBase):
     #: The execution's cause is the failure in words ($.Why.Text).
     job_failed = fail("JobFailed", error="JobFailed", cause_path="$.Why.Text")
 
+    #: A node ended with a status of the job's NoRetryStatuses (2: the job's own input is
+    #: wrong): no retry can help, the job ends.
+    describe_not_retried = _why(
+        "DescribeNotRetried",
+        "attempt {} failed with a status this job does not retry: {}",
+        sfn.JsonPath.string_at("$.Counters.Attempts"),
+        _causes(),
+    )
+
+    @cached_property
+    def notify_not_retried(self) -> sfn.TaskStateBase:
+        return self.t.notify(
+            "NotifyNotRetried",
+            "failed",
+            "Job {} failed, not retried: {} (commands {}). Status 2 is an input error of the job "
+            "(a bad flag, missing data): fix it and train again. Read the output with "
+            "`cluster.py logs --job-id {}`.",
+            self.t.job_id,
+            sfn.JsonPath.string_at("$.Why.Text"),
+            _command_ids(),
+            self.t.job_id,
+        )
+
     @cached_property
     def count_retry(self) -> sfn.Pass:
         return self._add_one("CountRetry", "Retries")
@@ -352,7 +376,8 @@ class OutcomeStates(StatesBase):
         return self.t.notify(
             "NotifyWaitLimit",
             "failed",
-            "Job {} failed: {}. Train again with the same job ID to resume once the nodes are "
+            "Job {} failed: {}. Resume it with `trainium-cluster train --resume` and its ID "
+            "once the nodes are "
             "there (`cluster.py status`).",
             self.t.job_id,
             sfn.JsonPath.string_at("$.Why.Text"),

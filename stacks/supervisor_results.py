@@ -40,7 +40,8 @@ def read_and_classify(
     """The states from a batch's ended command to its classes: <Document>NoResultsYet, then per
     page <Document>Results (or <Document>ResultsPage), <Document>EachInvocation (`classify` for
     each invocation, with $.Running: the IDs of the batch's nodes that still ran at the last
-    poll), <Document>AddResultsPage and <Document>JoinResultsPage, which leave every class so far
+    poll, and $.NoRetry: the job's NoRetryStatuses), <Document>AddResultsPage and
+    <Document>JoinResultsPage, which leave every class so far
     in $.Sorted.Classes ({"Class": ..., "Cause": ...} each), and <Document>MoreResults, the
     Choice returned last, whose `otherwise` the caller sets."""
     p = document
@@ -73,6 +74,8 @@ def read_and_classify(
         item_selector={
             "Invocation": sfn.JsonPath.object_at("$$.Map.Item.Value"),
             "Running": sfn.JsonPath.list_at("$.Alive.Ids"),
+            # The statuses that end the job without a retry (the job's NoRetryStatuses).
+            "NoRetry": sfn.JsonPath.list_at("$.Job.NoRetryStatuses"),
         },
         result_path="$.Classes",
     )

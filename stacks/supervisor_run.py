@@ -6,7 +6,9 @@ iterations are standard child executions (each batch's polls and classification 
 child's history, not the job's: stacks/supervisor_limits.py), follow each command to its end
 (cancelling the rest of a batch once a node has ended, or its instance no longer runs, and
 FailureGraceSeconds have passed), and classify every invocation inside a second Map: ok, leg
-(RunTraining ended at its time limit), replaced (Preflight found a fault no retry fixes: the
+(RunTraining ended at its time limit), final (RunTraining ended with a status of the job's
+NoRetryStatuses, 2 by default: the job's own input is wrong; the job ends without a retry),
+replaced (Preflight found a fault no retry fixes: the
 node is marked unhealthy), roll (Preflight found the nodes run different software) or bad, each
 but ok with the cause in words (the first MAX_CAUSES of a batch, and how many more). The last
 state, <Document>Verdict, sums the classes up in $.Verdict; $.Outcome lists the command IDs and
@@ -55,6 +57,14 @@ REPLACE_NODE_STATUS = 3
 ROLL_FLEET_STATUS = 4
 #: launch.sh exits with this status when it ended a leg at its time limit (contract C4).
 LEG_TIME_LIMIT_STATUS = 75
+#: launch.sh exits with this status when the trainer's own input is wrong (argparse's status:
+#: the reference trainer's for a bad flag or missing data; torchrun's report names it, and
+#: launch.sh's last line on the agent's stderr says what was wrong). In the job's
+#: NoRetryStatuses by default: the job ends at once, as no retry can fix its input.
+INPUT_ERROR_STATUS = 2
+#: The mark of launch.sh's one line on the agent's stderr for an input error (the last line of
+#: the invocation's Output: read_trainer_status in scripts/node/launch.sh).
+INPUT_ERROR_MARK = "input error (status 2)"
 #: Command statuses after which nothing more happens: botocore's ssm CommandStatus enum (Pending,
 #: InProgress, Success, Cancelled, Failed, TimedOut, Cancelling) less the three that go on.
 #: "Delivery Timed Out" is a StatusDetails text, never a Status.
@@ -154,6 +164,7 @@ def run_on_every_node(
         parameters={
             "Bad.$": "States.ArrayContains($.Outcome.Classes, 'bad')",
             "Leg.$": "States.ArrayContains($.Outcome.Classes, 'leg')",
+            "Final.$": "States.ArrayContains($.Outcome.Classes, 'final')",
             "Replaced.$": "States.ArrayContains($.Outcome.Classes, 'replaced')",
             "Roll.$": "States.ArrayContains($.Outcome.Classes, 'roll')",
         },
@@ -459,6 +470,52 @@ def _cancel_other_batches(
     return first, each
 
 
+def _final(t: SupervisorTasks, p: str) -> sfn.Choice:
+    """<Document>InputError: an invocation that ended with a status of the job's
+    NoRetryStatuses is `final`, the job ends without a retry. For the input error (2) with
+    launch.sh's line at the end of its Output (the agent keeps a short stderr whole: its
+    truncateOutput), the cause quotes that line: the trainer's own error; for another status,
+    the cause names it as one the operator chose not to retry."""
+    instance, code = "$.Invocation.InstanceId", "$.Plugin.ResponseCode"
+    which = sfn.Choice(t.scope, f"{p}InputError")
+    # The Output's last line: split at its newlines (a delimiter from a path: an intrinsic's
+    # string literal cannot hold one), its last item; in one state (a node's classification
+    # stays within EVENTS_PER_NODE history events: stacks/supervisor_limits.py).
+    split = "States.StringSplit($.Plugin.Output, $.Newline)"
+    said = sfn.Pass(
+        t.scope,
+        f"{p}InputErrorSaid",
+        parameters={
+            "Class": "final",
+            "Cause.$": "States.Format('{}: RunTraining failed with status 2, an input error "
+            "of the job (not retried): {}', $.Invocation.InstanceId, "
+            f"States.ArrayGetItem({split}, States.MathAdd(States.ArrayLength({split}), -1)))",
+        },
+    )
+    chosen = sfn.Pass(
+        t.scope,
+        f"{p}NotRetried",
+        parameters={
+            "Class": "final",
+            "Cause": sfn.JsonPath.format(
+                "{}: RunTraining failed with status {}, a status this job does not retry "
+                "(NoRetryStatuses: train --no-retry-on)",
+                sfn.JsonPath.string_at(instance),
+                sfn.JsonPath.string_at(code),
+            ),
+        },
+    )
+    which.when(
+        sfn.Condition.and_(
+            sfn.Condition.number_equals(code, INPUT_ERROR_STATUS),
+            sfn.Condition.is_present("$.Plugin.Output"),
+            sfn.Condition.string_matches("$.Plugin.Output", f"*{INPUT_ERROR_MARK}*"),
+        ),
+        said,
+    ).otherwise(chosen)
+    return which
+
+
 def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
     """<Document>Classify, for one invocation ($.Invocation, with $.Running: the IDs of the
     batch's nodes that still ran at the last poll): {"Class": ok, leg (ended at its time limit),
@@ -492,9 +549,26 @@ def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
         parameters={
             "Invocation": sfn.JsonPath.object_at("$.Invocation"),
             "Plugin": sfn.JsonPath.object_at("$.Invocation.CommandPlugins[0]"),
+            **({"NoRetry": sfn.JsonPath.list_at("$.NoRetry")} if document == "RunTraining" else {}),
         },
     )
-    plugin.next(by_code)
+    if document == "RunTraining":
+        # Whether the status is one the job does not retry (a path that ends at an array
+        # element reads as a list in moto's JSONPath: the plugin is taken out first), and the
+        # delimiter its Output's lines are split at (_final).
+        named = sfn.Pass(
+            t.scope,
+            f"{p}StatusNamed",
+            parameters={
+                "Invocation": sfn.JsonPath.object_at("$.Invocation"),
+                "Plugin": sfn.JsonPath.object_at("$.Plugin"),
+                "Final.$": "States.ArrayContains($.NoRetry, $.Plugin.ResponseCode)",
+                "Newline": "\n",
+            },
+        )
+        plugin.next(named).next(by_code)
+    else:
+        plugin.next(by_code)
     # Not ended, cancelled, timed out, never delivered: did its node still run?
     running = sfn.Pass(
         t.scope,
@@ -533,7 +607,7 @@ def _classify(t: SupervisorTasks, document: str) -> sfn.Choice:
     if document == "RunTraining":
         by_code.when(
             sfn.Condition.number_equals(code, LEG_TIME_LIMIT_STATUS), verdict("Leg", "leg")
-        )
+        ).when(sfn.Condition.boolean_equals("$.Final", True), _final(t, p))
     if document == "Preflight":
         mark = t.sdk(
             f"{p}MarkUnhealthy",

@@ -42,12 +42,21 @@ JOB_DEFAULTS: dict[str, Any] = {
     # How long the other nodes may run on after one node's invocation ended before the rest of
     # the attempt is cancelled (a data-parallel job cannot go on without a rank).
     "FailureGraceSeconds": 300,
+    # RunTraining statuses that end the job without a retry: 2, the contract's input error
+    # (launch.sh passes on a trainer's status 2 to 127 but 75); `train --no-retry-on` and
+    # `--retry-on` change the list (INPUT_ERROR_STATUS in stacks/supervisor_run.py).
+    "NoRetryStatuses": [2],
+    # RunTraining's Resume on the job's first attempt: new (launch.sh refuses a job ID whose
+    # directory holds a checkpoint), or resume (`train --resume`). Every later attempt and
+    # leg resumes (NewOrResumed).
+    "Resume": "new",
 }
 
 #: The RunTraining document's parameters the supervisor takes from the job (Hosts, and the
 #: time limits, come from its own states).
 RUN_TRAINING_PARAMETERS = (
     "JobId", "MasterPort", "NprocPerNode", "CodeSnapshot", "EntryPoint", "DataPath", "TrainArgs",
+    "Resume",
 )  # fmt: skip
 
 
@@ -347,6 +356,17 @@ class SupervisorStates(OutcomeStates):
         )
 
     preflight_passed = choice("PreflightPassed")
+
+    #: The job's first attempt runs with the job's Resume (new, unless `train --resume`); a
+    #: retry or a new leg (Attempts or Legs past 1) resumes, and so do the job's successors
+    #: (they carry $.Job).
+    new_or_resumed = choice("NewOrResumed")
+
+    @cached_property
+    def resume_job(self) -> sfn.Pass:
+        return self._pass(
+            "ResumeJob", result=sfn.Result.from_string("resume"), result_path="$.Job.Resume"
+        )
 
     @cached_property
     def run_training(self) -> Run:

@@ -23,18 +23,23 @@ around it is stacks/supervisor.py.
     NodesReady → CountAttempt → Preflight (PreflightBatches … PreflightVerdict) → PreflightPassed
     PreflightPassed a mixed fleet → NotifyMixedFleet → NodesDiffer (fails)
                     a bad or replaced node → RetryLeft
-                    otherwise → RunTraining (RunTrainingBatches … RunTrainingVerdict)
-                    → TrainingOutcome
+                    otherwise → NewOrResumed
+    NewOrResumed    a retry or a new leg → ResumeJob (Resume: resume) → RunTraining; the job's
+                    first attempt → RunTraining (Resume: new, or resume for `train --resume`)
+                    (RunTrainingBatches … RunTrainingVerdict) → TrainingOutcome
     PreflightBatches, RunTrainingBatches
                     a child failed → <Document>MapFailedListOtherBatches … (the attempt's
                     commands cancelled) → <Document>MapFailed → RetryLeft
-    TrainingOutcome a leg end (and no bad node) → CountLeg → DescribeLeg → NotifyLeg → HandOver
+    TrainingOutcome a leg end (and no bad or final node) → CountLeg → DescribeLeg → NotifyLeg
+                    → HandOver
                     otherwise (a bad node, or every node done) → StopFilter → StopFilters
                     → ListStopCommands → AnyStopCommand
     AnyStopCommand  some → StopCommandJobs → StopMatched → WasStopped; none → MoreStopCommands
     WasStopped      this job's → NotifyStopped → JobStopped (fails); otherwise → MoreStopCommands
     MoreStopCommands another page → ListMoreStopCommands → AnyStopCommand; none → NotStopped
-    NotStopped      a bad node → RetryLeft; otherwise → NotifyFinish → JobFinished (succeeds)
+    NotStopped      a node ended with a status the job does not retry (NoRetryStatuses: 2, an
+                    input error) → DescribeNotRetried → NotifyNotRetried → JobFailed (fails)
+                    a bad node → RetryLeft; otherwise → NotifyFinish → JobFinished (succeeds)
     RetryLeft       none left → DescribeFailure → NotifyFailure → JobFailed (fails)
                     otherwise → CountRetry → DescribeRetry → NotifyRetry → WaitBeforeRetry
                     → HandOver
@@ -141,7 +146,15 @@ def run_an_attempt(s: SupervisorStates) -> None:
             sfn.Condition.boolean_equals("$.Verdict.Replaced", True),
         ),
         s.retry_left,
+    ).otherwise(s.new_or_resumed)
+    s.new_or_resumed.when(
+        sfn.Condition.or_(
+            sfn.Condition.number_greater_than("$.Counters.Attempts", 1),
+            sfn.Condition.number_greater_than("$.Counters.Legs", 1),
+        ),
+        s.resume_job,
     ).otherwise(s.run_training.start)
+    s.resume_job.next(s.run_training.start)
     s.notify_mixed_fleet.next(s.nodes_differ)
     # A batch's child execution failed, and with it the map run: the attempt's commands are
     # cancelled (stacks/supervisor_run.py), then a retry.
@@ -150,8 +163,13 @@ def run_an_attempt(s: SupervisorStates) -> None:
     s.run_training.end.next(s.training_outcome)
     # Every node done is a finish only if no StopTraining for the job came meanwhile: the
     # trainers save and exit 0 on a stop (cluster.py stop), so a stop can look like a finish.
+    # A status the job does not retry (NoRetryStatuses: 2, an input error) outranks a leg end.
     s.training_outcome.when(
-        sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.stop_filter
+        sfn.Condition.or_(
+            sfn.Condition.boolean_equals("$.Verdict.Bad", True),
+            sfn.Condition.boolean_equals("$.Verdict.Final", True),
+        ),
+        s.stop_filter,
     ).when(sfn.Condition.boolean_equals("$.Verdict.Leg", True), s.count_leg).otherwise(
         s.stop_filter
     )
@@ -185,10 +203,14 @@ def after_a_failure(s: SupervisorStates) -> None:
         sfn.Condition.is_present("$.Stop.Next[0]"), s.list_more_stop_commands
     ).otherwise(s.not_stopped)
     s.list_more_stop_commands.next(s.any_stop_command)
-    s.not_stopped.when(sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.retry_left).otherwise(
+    # A node's status the job does not retry (an input error) ends it, whatever the others did.
+    s.not_stopped.when(
+        sfn.Condition.boolean_equals("$.Verdict.Final", True), s.describe_not_retried
+    ).when(sfn.Condition.boolean_equals("$.Verdict.Bad", True), s.retry_left).otherwise(
         s.notify_finish
     )
     s.notify_finish.next(s.job_finished)
+    s.describe_not_retried.next(s.notify_not_retried).next(s.job_failed)
 
     s.retry_left.when(
         sfn.Condition.number_greater_than_equals_json_path(

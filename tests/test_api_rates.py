@@ -80,13 +80,13 @@ def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
     expected = {
         64: {"ssm:SendCommand": 2, "ssm:ListCommands": 3, "ec2:DescribeTags": 1,
              "autoscaling:DescribeAutoScalingInstances": 5, "ec2:DescribeNetworkInterfaces": 3,
-             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 374},
+             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 478},
         256: {"ssm:SendCommand": 6, "ssm:ListCommands": 7, "ec2:DescribeTags": 2,
               "autoscaling:DescribeAutoScalingInstances": 17, "ec2:DescribeNetworkInterfaces": 11,
-              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1438},
+              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1762},
         1024: {"ssm:SendCommand": 21, "ssm:ListCommands": 22, "ec2:DescribeTags": 5,
                "autoscaling:DescribeAutoScalingInstances": 62, "ec2:DescribeNetworkInterfaces": 41,
-               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 5668},
+               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 6862},
     }  # fmt: skip
     for nodes, figures in expected.items():
         for poll in (MIN_POLL[nodes], DEFAULT_POLL_SECONDS):

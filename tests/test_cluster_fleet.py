@@ -246,10 +246,11 @@ def sns_event(event_id: int, message: str) -> dict[str, Any]:
         ),
         (
             "NodesRunDifferentSoftware",
-            "the nodes run different software: roll the fleet (cluster.py roll --wait), then "
-            "train again with the same job ID to resume",
+            "the nodes run different software: roll the fleet (trainium-cluster roll --wait), "
+            "then resume the job with trainium-cluster train --resume <job ID>",
             "job bert-1 cannot run: the nodes run different software: roll the fleet "
-            "(cluster.py roll --wait), then train again with the same job ID to resume "
+            "(trainium-cluster roll --wait), then resume the job with trainium-cluster train "
+            "--resume <job ID> "
             "(`cluster.py status` shows who runs what)",
         ),
     ],

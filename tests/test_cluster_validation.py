@@ -74,6 +74,15 @@ def no_aws(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (["train", "--nproc-per-node", "0"], "--nproc-per-node '0' is not allowed"),
         (["precompile", "--job-id", "x", "--steps", "0"], "--steps '0' is not allowed"),
         (["train", "--max-retries", "-1"], "--max-retries -1 is not allowed: use 0 or more"),
+        (["train", "--no-retry-on", "5,x"],
+         "--no-retry-on '5,x' is not allowed: give exit statuses from 1 to 127, comma separated "
+         "(launch.sh reports any higher status as 1)"),
+        (["train", "--no-retry-on", "137"], "--no-retry-on '137' is not allowed"),
+        (["train", "--retry-on", "0"], "--retry-on '0' is not allowed"),
+        (["train", "--no-retry-on", "75"],
+         "--no-retry-on names 75, the status launch.sh reports when a leg ends at its time limit"),
+        (["train", "--no-retry-on", "5,6", "--retry-on", "6"],
+         "--no-retry-on and --retry-on both name 6: name a status in one of them"),
         (["train", "--retry-delay", "-1"], "--retry-delay -1 is not allowed"),
         (["export", "--timeout", "0"], "--timeout 0 is not allowed"),
         (["--cluster-name", "Prod_1", "status"], "--cluster-name 'Prod_1' is not allowed"),
@@ -197,3 +206,34 @@ def test_every_client_uses_adaptive_retries_and_time_outs(
             "s3",
         }
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [([], [2]), (["--no-retry-on", "5,6"], [2, 5, 6]), (["--retry-on", "2"], []),
+     (["--no-retry-on", "9", "--retry-on", "2"], [9])],
+)  # fmt: skip
+def test_train_names_the_statuses_the_supervisor_does_not_retry(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: list[int]
+) -> None:
+    """The job's NoRetryStatuses in the execution input (stacks/supervisor_states.py
+    JOB_DEFAULTS): 2, the input error, unless `--retry-on 2`; plus `--no-retry-on`."""
+    from scripts.cluster_lib import jobs
+
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(cli, "make_cluster", lambda *_: object())
+
+    class NoExecutions:
+        def of_job(self, job_id: str) -> None:
+            return None
+
+    def init(self: Any, cluster: Any) -> None:
+        self.executions = NoExecutions()
+
+    monkeypatch.setattr(jobs.Jobs, "__init__", init)
+    monkeypatch.setattr(jobs.Jobs, "poll_seconds", lambda self, requested: 300)
+    monkeypatch.setattr(jobs.Jobs, "start", lambda self, *a, **k: started.update(k) or "arn")
+    monkeypatch.setattr(jobs.Jobs, "run", lambda self, *a, **k: None)
+    monkeypatch.setattr(cli, "job_inputs", lambda cluster, args: None)  # the code: not here
+    assert cli.main(["train", "--job-id", "j", *argv]) == 0
+    assert started["options"]["NoRetryStatuses"] == expected

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -866,3 +867,142 @@ def test_launch_refuses_code_it_cannot_find_or_verify_in_one_line(node: FakeNode
     assert line.endswith(f", not {named}: upload it again with `cluster.py train --code DIR`")
     assert not (node.root / "torchrun.args").exists()
     assert not (node.root / "code-cache" / named).exists()
+
+
+# ------------------------------------------- launch: the trainer's own status through torchrun
+# A trainer whose argparse refuses an unknown flag: argparse exits 2 ("error: unrecognized
+# arguments"), as workload/train.py does for a bad flag or missing data.
+ARGPARSE_WORKER = """
+import argparse, os, sys
+parser = argparse.ArgumentParser(prog="train.py")
+parser.add_argument("--steps", type=int, default=1)
+parser.add_argument("--output")
+parser.parse_args()
+sys.exit(int(os.environ.get("WORKER_EXIT", "0")))
+"""
+
+
+def launch_argparse_worker(
+    node: FakeNode, job: str, *train_args: str, nproc: int = 2, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """launch.sh as the RunTraining document starts it (through `sh`, its stdout and stderr
+    apart, as the agent keeps them), with the real torchrun and ARGPARSE_WORKER as train.py.
+    The timeout is an upper bound for torch's import on a loaded machine."""
+    env = (
+        real_torchrun(node)
+        if (node.bin / "torchrun").exists()
+        else {
+            "PATH": f"{node.bin}:{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin:/sbin",
+            "WORKER_DIR": str(node.root),
+        }
+    )
+    (node.workload / "train.py").write_text(ARGPARSE_WORKER)
+    command = (
+        f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id {job} --nproc-per-node {nproc} "
+        f"--master-port {free_port()} --code-dir {node.code} -- {' '.join(train_args)}"
+    )
+    return subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, env=node.env(**env, **extra),
+        timeout=600, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_trainer_that_refuses_its_flags_is_reported_as_the_input_error_2(
+    node: FakeNode,
+) -> None:
+    """torch 2.9's torchrun exits 1 whatever status its worker had (checked here: its report
+    names the worker's exitcode 2); launch.sh reads the root cause's status from that report and
+    exits 2, the contract's input error, with the trainer's own error line alone on the agent's
+    stderr, which the API's Output keeps whole (plugin_output: the agent's truncateOutput).
+    Before, the job's bad flag was reported as 1 and retried."""
+    from scripts.rehearsal.ssm_agent.runscript import plugin_output
+
+    result = launch_argparse_worker(node, "bad-flag", "--bogus", "3")
+    assert result.returncode == 2, result.stdout + result.stderr
+    log = (node.fsx / "jobs" / "bad-flag" / "logs" / "node-0-127.0.0.1.log").read_text()
+    assert "torchrun failed with status 1 on node rank 0" in result.stdout
+    assert "exitcode  : 2 (pid:" in log  # torchrun's own report
+    assert "exited with status 2 (torchrun's root cause); reporting 2" in result.stdout
+    said = (
+        "job bad-flag: input error (status 2) on node rank 0: train.py: error: "
+        "unrecognized arguments: --bogus 3"
+    )
+    # The agent's stderr ends with the one line (no newline after it); launch.sh's lines
+    # before its output went to the job's log stay there.
+    assert result.stderr.endswith(f"\n{said}") or result.stderr == said, result.stderr
+    assert plugin_result(result.returncode)[0] == "Failed"
+    output = plugin_output(result.stdout.encode() * 3, result.stderr.encode(), 2)
+    assert len(output) <= 2500 and output.splitlines()[-1] == said
+
+
+@pytest.mark.slow
+def test_a_trainers_own_status_passes_and_a_signal_does_not(node: FakeNode) -> None:
+    """A worker's status 5 (an operator may name it: `train --no-retry-on 5`) is passed on;
+    statuses the agent reads itself stay 1 (194), as does a worker's 75 (launch.sh's leg end
+    alone reports 75). Nothing goes to stderr but for the input error."""
+    for worker, reported in ((5, 5), (75, 1), (194, 1)):
+        result = launch_argparse_worker(node, f"status-{worker}", nproc=1,
+                                        WORKER_EXIT=str(worker))  # fmt: skip
+        assert result.returncode == reported, result.stdout
+        assert "input error" not in result.stderr
+
+
+# ------------------------------------------------------------- launch: a new job or a resume
+def checkpoint(node: FakeNode, job: str, step: int, *, complete: bool = True) -> Path:
+    """A checkpoint in the reference trainer's layout (workload/checkpoint.py: complete once it
+    holds model.safetensors, trainer_state.pt and config.json)."""
+    path = node.fsx / "jobs" / job / "checkpoints" / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    names = ["model.safetensors", "trainer_state.pt", "config.json"]
+    for name in names if complete else names[:1]:
+        (path / name).write_bytes(b"")
+    return path
+
+
+def test_a_new_job_whose_id_holds_a_checkpoint_is_refused_before_torchrun(node: FakeNode) -> None:
+    """--resume new (the supervisor's first attempt of a new job) with the job's directory
+    holding a checkpoint: exit 2, the input error (no retry), one line naming the step and how
+    to resume, alone at the end of the agent's stderr; torchrun never starts. Before, the
+    trainer resumed the old job silently under the new job's settings."""
+    checkpoint(node, "bert-1", 200)
+    newest = checkpoint(node, "bert-1", 1200)
+    checkpoint(node, "bert-1", 1400, complete=False)  # a save that never finished
+    values = {"Hosts": "10.1.0.12", "JobId": "bert-1", "NprocPerNode": "1", "Resume": "new"}
+    result = node.run_document("RunTraining", values)
+    assert result.returncode == 2, result.stdout + result.stderr
+    said = (
+        f"job bert-1 exists at step 1200 ({newest}): resume it with train --resume bert-1, or "
+        "choose another --job-id"
+    )
+    assert result.stderr.endswith(f"job bert-1: input error (status 2) on node rank 0: {said}")
+    assert not (node.root / "torchrun.args").exists()
+
+
+@pytest.mark.parametrize(
+    ("resume", "saved", "said", "flag"),
+    [
+        ("resume", False, "job j: resume asked, but {out} holds no checkpoint: it starts at step 0",
+         "1"),
+        ("resume", True, "job j: resuming from step 7 ({out}/checkpoints/step_00000007)", "1"),
+        ("new", False, "job j: a new job: it starts at step 0", "0"),
+    ],
+)  # fmt: skip
+def test_launch_says_what_the_job_starts_from(
+    node: FakeNode, resume: str, saved: bool, said: str, flag: str
+) -> None:
+    if saved:
+        checkpoint(node, "j", 7)
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+                      "1", "--resume", resume, "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert said.format(out=node.fsx / "jobs" / "j") in result.stderr
+    assert f"TRAINIUM_RESUME={flag}" in result.stdout.splitlines()
+
+
+def test_launch_refuses_an_unknown_resume_mode(node: FakeNode) -> None:
+    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--resume", "fresh")
+    assert result.returncode == 1
+    assert errors(result) == [
+        "--resume 'fresh' is not allowed: use new (a job ID not used before) or resume"
+    ]

@@ -481,7 +481,8 @@ def test_a_fleet_that_runs_different_software_ends_the_job_at_once(
         (line,) = captured.err.splitlines()
         assert line == (
             f"error: job {job} cannot run: the nodes run different software: roll the fleet "
-            "(cluster.py roll --wait), then train again with the same job ID to resume "
+            "(trainium-cluster roll --wait), then resume the job with trainium-cluster train "
+            "--resume <job ID> "
             "(`cluster.py status` shows who runs what)"
         ), line
         assert execution_status(cloud, job) == ["FAILED"]
@@ -493,7 +494,7 @@ def test_a_fleet_that_runs_different_software_ends_the_job_at_once(
         subjects = [n["Subject"].split(f"job {job} ", 1)[-1] for n in cloud.notifications]
         assert subjects == ["started", "cannot run"], subjects
         assert preflight.command_id in cloud.notifications[-1]["Message"]
-        assert "cluster.py roll --wait" in cloud.notifications[-1]["Message"]
+        assert f"`trainium-cluster train --resume {job}`" in cloud.notifications[-1]["Message"]
 
 
 @pytest.mark.slow

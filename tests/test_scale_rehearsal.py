@@ -87,7 +87,7 @@ def test_one_job_on_1024_simulated_nodes_survives_a_node_dying(tmp_path: Path) -
     assert report.calls["ssm.CancelCommand"] >= batches(NODES)
     # Every simulated invocation ends with the most output the agent keeps (fleet.py: 2,500
     # characters of Output each). A batch reads its invocations with Details 25 at a time and
-    # keeps only their classes (stacks/supervisor_results.py): 109,390 bytes at 1,024 nodes
+    # keeps only their classes (stacks/supervisor_results.py): 110,582 bytes at 1,024 nodes
     # (RunTrainingAddResultsPage), where one page of 50 made 179,224 (Step Functions quotas:
     # 256 KiB a state; half of it leaves room for longer host lists and settings).
     assert report.largest_payload < PAYLOAD_LIMIT / 2, report.largest_payload_state

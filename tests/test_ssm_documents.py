@@ -38,6 +38,7 @@ EXPECTED = {
             "DataPath": "",
             "ExecutionTimeout": "172800",
             "StopGraceSeconds": "1800",
+            "Resume": "resume",
         },
     ),
     "Precompile": (
@@ -67,6 +68,7 @@ GOOD = {
     "Steps": ["10", "1"],
     "ExecutionTimeout": ["172800", "3600", "60"],
     "StopGraceSeconds": ["1800", "30"],
+    "Resume": ["new", "resume"],
     "TrainArgs": [
         "",
         "--data /fsx/data/imdb --model tiny --max-steps 1000 --lr 3e-5",
@@ -319,6 +321,7 @@ LONGEST_BY_PATTERN = {
     "StopGraceSeconds": "999999",
     "Steps": "9999",
     "CodeSnapshot": "f" * 64,
+    "Resume": "resume",
 }
 #: SendCommand: "The content of the document must not exceed 64KB. This quota also includes the
 #: content specified for input parameters at runtime" (SSM CreateDocument API reference,
@@ -384,6 +387,8 @@ def test_a_command_with_every_parameter_at_its_longest_stays_far_below_64_kb() -
         ("DataPath", "/fsx/../etc"),
         ("DataPath", "/data"),
         ("DataPath", "/fsxdata"),
+        ("Resume", "fresh"),
+        ("Resume", "newer"),
     ],
 )
 def test_patterns_reject_malformed_values(key: str, value: str) -> None:
@@ -398,12 +403,13 @@ def test_rendered_command_splits_train_args_into_words() -> None:
         "NprocPerNode": "auto", "TrainArgs": "--model tiny --lr 3e-5",
         "ExecutionTimeout": "172800", "StopGraceSeconds": "1800", "CodeSnapshot": "a" * 64,
         "EntryPoint": "-m workload.train", "DataPath": "/fsx/data/imdb",
+        "Resume": "new",
     }  # fmt: skip
     command = substitute(load("RunTraining").run_command[0], values)
     assert shlex.split(command) == [
         "bash", "/opt/trainium-cluster/scripts/node/launch.sh", "--hosts", "10.0.0.1,10.0.0.2",
         "--job-id", "bert-1", "--master-port", "29500", "--nproc-per-node", "auto",
         "--code", "a" * 64, "--entry", "-m workload.train", "--data", "/fsx/data/imdb",
-        "--time-limit", "172800", "--stop-grace", "1800",
+        "--time-limit", "172800", "--stop-grace", "1800", "--resume", "new",
         "--", "--model", "tiny", "--lr", "3e-5",
     ]  # fmt: skip

@@ -311,17 +311,25 @@ def test_a_failure_outranks_a_leg_end_and_a_mixed_fleet_outranks_both(default: S
     template = default.templates["operations"]
     found = dict(states(machine_definition(template, placeholder_refs(template))))
     outcome = found["TrainingOutcome"]
-    assert [(c["Variable"], c["Next"]) for c in outcome["Choices"]] == [
-        ("$.Verdict.Bad", "StopFilter"), ("$.Verdict.Leg", "CountLeg"),
-    ]  # fmt: skip
+    # A bad node, or one whose status the job does not retry (an input error), before a leg end.
+    assert [([v["Variable"] for v in c["Or"]], c["Next"]) for c in outcome["Choices"][:1]] == [
+        (["$.Verdict.Bad", "$.Verdict.Final"], "StopFilter")
+    ]
+    assert [(c["Variable"], c["Next"]) for c in outcome["Choices"][1:]] == [
+        ("$.Verdict.Leg", "CountLeg")
+    ]
     # Every node done: a finish, unless a StopTraining for the job came (the stop check).
     assert outcome["Default"] == "StopFilter"
     assert found["NotStopped"]["Default"] == "NotifyFinish"
+    # After the stop check, a status not retried ends the job before a bad node retries it.
+    assert [(c["Variable"], c["Next"]) for c in found["NotStopped"]["Choices"]] == [
+        ("$.Verdict.Final", "DescribeNotRetried"), ("$.Verdict.Bad", "RetryLeft"),
+    ]  # fmt: skip
     passed = found["PreflightPassed"]
     assert passed["Choices"][0] == {
         "Variable": "$.Verdict.Roll", "BooleanEquals": True, "Next": "NotifyMixedFleet",
     }  # fmt: skip
-    assert passed["Default"] == "RunTrainingBatches"
+    assert passed["Default"] == "NewOrResumed"
 
 
 def loop_events(definition: dict[str, Any], start: str) -> int:
@@ -753,8 +761,9 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
             - ids[("MapStateEntered", "RunTrainingEachInvocation")]
         )
         per_node = (span - 3) / len(legs[0].invocations)  # Map started/succeeded, exited
-        # Success: the iteration, Classify and Ok (6); 75: also Plugin, ByCode and Leg (10).
-        assert 6 <= per_node <= 10, (span, per_node)
+        # Success: the iteration, Classify and Ok (6); 75: also Plugin, StatusNamed, ByCode and
+        # Leg (12).
+        assert 6 <= per_node <= 12, (span, per_node)
         # A batch's child execution classifies one document's invocations: at most 15 events
         # a node (Preflight's, marking a node unhealthy); the host list costs none.
         assert EVENTS_PER_NODE >= 15

@@ -308,7 +308,9 @@ def test_bad_data_stops_the_job_before_anything_is_written(tmp_path: Path) -> No
     result = run_train(
         ["--data", str(directory), "--output", str(output), "--device", "cpu", *TINY], timeout=300
     )
-    assert result.returncode == 1, result.stderr[-2000:]
+    # The job's own input is wrong: status 2, which the cluster's supervisor does not retry
+    # (workload/turns.py exit_status); before, 1, and every retry was spent on it.
+    assert result.returncode == 2, result.stderr[-2000:]
     assert error_lines(result.stderr) == [
         f"train.py: error: {directory / 'test.jsonl'}: row 7: label is 3; "
         "allowed: 0 (negative), 1 (positive)"
@@ -316,3 +318,18 @@ def test_bad_data_stops_the_job_before_anything_is_written(tmp_path: Path) -> No
     assert "Traceback" not in result.stderr
     assert sorted(p.name for p in output.iterdir()) == []
     assert not (directory / ".token-cache").exists()
+
+
+def test_missing_data_is_the_input_error_2_on_every_rank(tmp_path: Path) -> None:
+    """--data that does not exist, under torchrun with two ranks: rank 0 finds it and every
+    rank exits 2 (the error shared with its status, workload/turns.py), so torchrun's report
+    names 2 whichever rank it sees first, and launch.sh reports the input error."""
+    missing = tmp_path / "no-such-data"
+    result = run_train(
+        ["--data", str(missing), "--output", str(tmp_path / "job"), "--device", "cpu", *TINY],
+        nproc=2, timeout=600,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "exitcode  : 2 (pid:" in result.stderr, result.stderr[-3000:]
+    assert "exitcode  : 1 (pid:" not in result.stderr
+    assert error_lines(result.stderr) == [f"train.py: error: --data {missing}: no such directory"]

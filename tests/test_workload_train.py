@@ -411,10 +411,13 @@ def test_a_read_error_on_rank_0_is_raised_on_every_rank() -> None:
     def broken() -> None:
         raise CheckpointError(message)
 
+    # Rank 0's error travels with its exit status (workload/turns.py exit_status): 1 for a
+    # checkpoint, 2 for the job's own input (its data, its flags).
     for rank in range(3):
-        backend: Any = _Rank(rank, [message, None, None])
-        with pytest.raises(SharedError, match="not a trainer state"):
+        backend: Any = _Rank(rank, [(message, 1), None, None])
+        with pytest.raises(SharedError, match="not a trainer state") as raised:
             read_once(backend, broken)
+        assert raised.value.status == 1
 
 
 def test_the_stochastic_rounding_seed_follows_the_seed_and_the_resume_step(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 Reads top to bottom: config, distributed setup, data (validate, tokenizer, token cache),
 model, resume, the training loop with periodic evaluation and checkpoints, the summary.
-``python workload/train.py --help`` lists the flags. Bad flags exit with status 2, bad
-data or models with status 1; both print one ``train.py: error: ...`` line.
+``python workload/train.py --help`` lists the flags. Bad flags and missing or bad data (the
+job's own input) exit with status 2, which the cluster does not retry; a bad model or
+checkpoint with status 1; both print one ``train.py: error: ...`` line.
 """
 
 from __future__ import annotations
@@ -82,7 +83,14 @@ from workload.token_cache import (
     split_cache_dir,
     write_token_cache,
 )
-from workload.turns import USER_ERRORS, SharedError, leader_first, main_then_nodes, read_once
+from workload.turns import (
+    USER_ERRORS,
+    SharedError,
+    exit_status,
+    leader_first,
+    main_then_nodes,
+    read_once,
+)
 
 log = logging.getLogger("workload.train")
 
@@ -204,6 +212,8 @@ class Run:
             str(latest_checkpoint(self.output) or "") if backend.is_main else None
         )
         self.resumed_from = Path(resume) if resume else None
+        if self.resumed_from is None:
+            log.info("starting fresh at step 0: no checkpoint in %s", self.output)
 
         backend.seed(config.seed)  # the same initial weights on every rank
         model = leader_first(
@@ -290,6 +300,16 @@ class Run:
         rng_count = int(state.pop("rng_count"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # The restored optimizer and schedule go on as the job began them: a new --lr does not
+        # apply to a resumed job (a new job ID starts a new schedule). Said, not silently kept.
+        restored = self.optimizer.param_groups[0].get("initial_lr", config.lr)
+        if restored != config.lr:
+            log.warning(
+                "--lr %g is not applied: the job resumes with its restored optimizer and "
+                "learning-rate schedule (started at lr %g); start a new job to change it",
+                config.lr,
+                restored,
+            )
         self.step = int(state["step"])
         if state["world_size"] == backend.world_size and state["batch_size"] == config.batch_size:
             self.epoch, self.offset = int(state["epoch"]), int(state["batch_in_epoch"])
@@ -609,9 +629,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(config, backend, started)
         return 0
     except SharedError as exc:
-        return _fail(exc, 1, show=backend.is_main)
+        return _fail(exc, exc.status, show=backend.is_main)
     except USER_ERRORS as exc:
-        return _fail(exc, 1, show=True)
+        return _fail(exc, exit_status(exc), show=True)
     finally:
         backend.close()
 

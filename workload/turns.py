@@ -18,12 +18,29 @@ from workload.model import ModelError
 
 #: Errors that are the user's to fix: one line, no traceback.
 USER_ERRORS = (ConfigError, DataError, ModelError, CheckpointError, BackendError)
+#: Of those, the job's own input (its flags, its data): exit status 2, which the cluster's
+#: supervisor does not retry (docs/jobs.md, exit statuses); the others exit 1.
+INPUT_ERRORS = (ConfigError, DataError)
+INPUT_ERROR_STATUS = 2
+
+
+def exit_status(exc: BaseException) -> int:
+    """The trainer's exit status for a user error: 2 for the job's own input, else 1."""
+    if isinstance(exc, SharedError):
+        return exc.status
+    return INPUT_ERROR_STATUS if isinstance(exc, INPUT_ERRORS) else 1
+
 
 T = TypeVar("T")
 
 
 class SharedError(RuntimeError):
-    """A user error that one rank found and every rank raises (printed once, by rank 0)."""
+    """A user error that one rank found and every rank raises (printed once, by rank 0), with
+    the exit status of the original error (exit_status)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def read_once(backend: Backend, read: Callable[[], T]) -> T:
@@ -77,15 +94,15 @@ def leader_first(
     """
     is_leader = backend.is_local_main if per_node else backend.is_main
     result: T | None = None
-    error: str | None = None
+    error: tuple[str, int] | None = None
     if is_leader:
         try:
             result = leader()
         except USER_ERRORS as exc:
-            error = str(exc)
-    errors = [message for message in backend.all_gather_object(error) if message is not None]
+            error = (str(exc), exit_status(exc))
+    errors = [found for found in backend.all_gather_object(error) if found is not None]
     if errors:
-        raise SharedError(errors[0])
+        raise SharedError(*errors[0])
     if not is_leader:
         result = follower()
     return result  # type: ignore[return-value]

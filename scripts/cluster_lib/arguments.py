@@ -138,10 +138,50 @@ def check_data(value: str | None) -> None:
         )
 
 
-def check_job_id(value: str | None) -> None:
+#: The trainer's status for its own bad input (argparse's), which the supervisor does not retry
+#: unless told to (stacks/supervisor_run.py INPUT_ERROR_STATUS, the job's NoRetryStatuses).
+INPUT_ERROR_STATUS = 2
+#: launch.sh's leg end: never a trainer's status (launch.sh reports a trainer's 75 as 1).
+LEG_END_STATUS = 75
+
+
+def statuses(flag: str, value: str) -> set[int]:
+    """A comma-separated list of exit statuses a trainer can report through launch.sh: 1 to
+    127 but 75 (launch.sh passes a trainer's status on only then: report_exit_status in
+    scripts/node/lib.sh; above 127 the status is a signal's or one the SSM agent reads)."""
+    found: set[int] = set()
+    for item in filter(None, value.split(",")):
+        if not re.fullmatch(r"[1-9][0-9]{0,2}", item) or int(item) > 127:
+            raise UsageError(
+                f"{flag} {value!r} is not allowed: give exit statuses from 1 to 127, comma "
+                "separated (launch.sh reports any higher status as 1)"
+            )
+        if int(item) == LEG_END_STATUS:
+            raise UsageError(
+                f"{flag} names 75, the status launch.sh reports when a leg ends at its time "
+                "limit (the next leg resumes): a trainer's own 75 is reported as 1"
+            )
+        found.add(int(item))
+    return found
+
+
+def no_retry_statuses(no_retry_on: str, retry_on: str) -> list[int]:
+    """The job's NoRetryStatuses: 2 (an input error) and those of --no-retry-on, less those of
+    --retry-on."""
+    never, again = statuses("--no-retry-on", no_retry_on), statuses("--retry-on", retry_on)
+    both = sorted(never & again)
+    if both:
+        raise UsageError(
+            f"--no-retry-on and --retry-on both name {', '.join(map(str, both))}: name a status "
+            "in one of them"
+        )
+    return sorted(({INPUT_ERROR_STATUS} | never) - again)
+
+
+def check_job_id(value: str | None, flag: str = "--job-id") -> None:
     if value is not None and not JOB_ID.fullmatch(value):
         raise UsageError(
-            f"--job-id {value!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+            f"{flag} {value!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
 
@@ -162,6 +202,12 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
         raise UsageError(f"{command} takes no train.py arguments after --")
     if command in ("train", "precompile", "stop"):
         check_job_id(args.job_id)
+    if command == "train":
+        check_job_id(args.resume, "--resume")
+        if args.resume and args.job_id:
+            raise UsageError(
+                "give --job-id ID for a new job or --resume ID to resume one, not both"
+            )
     if command in ("train", "precompile"):
         check_port("--master-port", args.master_port)
         if not re.fullmatch(r"auto|[1-9][0-9]{0,2}", args.nproc_per_node):
@@ -188,6 +234,7 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
             raise UsageError(f"--check-every {args.check_every} is not allowed: use 1 to 3600")
         if not 0 <= args.failure_grace <= 86400:
             raise UsageError(f"--failure-grace {args.failure_grace} is not allowed: use 0 to 86400")
+        no_retry_statuses(args.no_retry_on, args.retry_on)
     if command == "jobs" and not 1 <= args.limit <= 1000:
         raise UsageError(f"--limit {args.limit} is not allowed: use 1 to 1000")
     if command == "preflight":

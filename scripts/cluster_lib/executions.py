@@ -99,6 +99,24 @@ class Executions:
                 found.extend(page["executions"])
         return [e for e in found if job_id is None or job_of(e["name"]) == job_id]
 
+    def of_job(self, job_id: str) -> dict[str, Any] | None:
+        """The newest execution of `job_id` in any status (ListExecutions, newest first), or
+        None; at most MAX_LISTED executions are read (Step Functions keeps a closed execution
+        for 90 days: quotas, execution history retention)."""
+        read = 0
+        with aws_errors("listing the cluster's jobs"):
+            pages = self.sfn.get_paginator("list_executions").paginate(
+                stateMachineArn=self.state_machine
+            )
+            for page in pages:
+                for execution in page["executions"]:
+                    if job_of(execution["name"]) == job_id:
+                        return dict(execution)
+                    read += 1
+                    if read >= MAX_LISTED:
+                        return None
+        return None
+
     def history(self, arn: str, after: int = 0, *, newest: int | None = None) -> list[dict]:
         """The execution's events with an ID above `after`, oldest first. They are asked for
         newest first (reverseOrder), so that following a long execution costs one call per

@@ -27,15 +27,8 @@ CODE_SHA_PATTERN='^[0-9a-f]{64}$'
 ENTRY_PATTERN='^(-m [A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*|[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*[.]py)$'
 # The DataPath parameter's rule.
 DATA_PATTERN='^(/fsx(/[A-Za-z0-9_][A-Za-z0-9._=+-]*)*)?$'
-# The contract's status for a job whose own input is wrong: not retried.
-INPUT_ERROR_STATUS=2
-
-# One line, then the input status: the job's own input (its code, its data) is wrong.
-input_error() {
-  LAST_ERROR="$*"
-  log "error: $*"
-  exit "$INPUT_ERROR_STATUS"
-}
+# A job whose own input (its code, its data) is wrong ends with input_error (lib.sh): status 2,
+# which the supervisor does not retry.
 
 # A path on the cluster's file system as this node mounts it: /fsx/... under FSX_MOUNT_POINT.
 fsx_path() {

@@ -3,7 +3,8 @@
 #
 #   launch.sh --hosts IP1,IP2,... --job-id ID [--master-port 29500] [--nproc-per-node auto|N]
 #             [--jobs-root /fsx/jobs] [--node-address ADDR] [--time-limit SECONDS]
-#             [--stop-grace 1800] [--wrap CMD] [--log-folder jobs|precompile] [--dry-run]
+#             [--stop-grace 1800] [--wrap CMD] [--log-folder jobs|precompile]
+#             [--resume new|resume] [--dry-run]
 #             (--code SHA256 | --code-dir DIR) [--entry SCRIPT.py | --entry '-m MODULE']
 #             [--data /fsx/PATH] -- <the entry point's args>
 #
@@ -12,7 +13,9 @@
 # is the torchrun master. The job runs its code snapshot (--code: job_code.sh fetches, checks
 # and unpacks it once per node) and writes to <jobs-root>/<job-id>, which it gets as
 # TRAINIUM_OUTPUT_DIR (the reference trainer's --output defaults to it, and --data to
-# TRAINIUM_DATA_DIR); running the same job ID again resumes from its latest checkpoint.
+# TRAINIUM_DATA_DIR). --resume resume (the default) resumes from its latest checkpoint or
+# starts at step 0 when there is none; --resume new refuses, with the input error's status 2,
+# a job ID whose directory holds a checkpoint. TRAINIUM_RESUME is 1 or 0 accordingly.
 # The job's output (torchrun, the workers, the compiler) goes only to
 # <jobs-root>/<job-id>/logs/node-<rank>-<address>.log and to <log dir>/<log-folder>/<job-id>.log
 # on the node (/var/log/trainium-cluster/jobs/ unless --log-folder says precompile: the
@@ -27,7 +30,10 @@
 # with status 75, which tells the CLI to start the next leg (a resume) without counting a
 # retry. 0 (the default) sets no limit. Any exit status but 0, 1, 3, 4 and 75 (torchrun
 # killed by the OOM killer: 137) is reported as 1, which the SSM agent cannot misread
-# (report_exit_status in lib.sh). A SIGTERM, SIGINT or SIGHUP stops the leg: the trainers
+# (report_exit_status in lib.sh). A trainer's own status (torchrun exits 1 for any failed
+# worker) is read from torchrun's report and passed on when it is 2 to 127 but 75: 2 says the
+# job's own input is wrong (the trainer's bad flag or missing data), which the supervisor does
+# not retry; the trainer's error line then goes to stderr. A SIGTERM, SIGINT or SIGHUP stops the leg: the trainers
 # first, with --stop-grace seconds to save, then torchrun. The soft open-file limit is
 # raised to the hard one before torchrun starts (raise_open_file_limit in lib.sh).
 # Whatever ends this script (a cancel or time-out SIGKILLs its process group), a watchdog in
@@ -47,11 +53,12 @@ load_cluster_env || true
 
 hosts_arg="" job_id="" master_port=29500 nproc_arg=auto node_address_arg="" wrap="" dry_run=0
 time_limit=0 stop_grace=1800 log_folder=jobs code="" code_dir="" entry="-m workload.train" data=""
+resume=resume
 jobs_root="${FSX_MOUNT_POINT:-/fsx}/jobs"
 while (($#)); do
   case $1 in
     --hosts | --job-id | --master-port | --nproc-per-node | --jobs-root | --node-address | --wrap | \
-      --time-limit | --stop-grace | --log-folder | --code | --code-dir | --entry | --data)
+      --time-limit | --stop-grace | --log-folder | --code | --code-dir | --entry | --data | --resume)
       (($# >= 2)) || die "$1 needs a value (see --help)"
       case $1 in
         --time-limit) time_limit=$2 ;;
@@ -68,6 +75,7 @@ while (($#)); do
         --code-dir) code_dir=$2 ;;
         --entry) entry=$2 ;;
         --data) data=$2 ;;
+        --resume) resume=$2 ;;
       esac
       shift 2
       ;;
@@ -96,6 +104,8 @@ if [[ -n $code && -n $code_dir ]] || [[ -z $code && -z $code_dir ]]; then
 fi
 [[ $entry =~ $ENTRY_PATTERN ]] ||
   input_error "--entry '$entry' is not allowed: use a .py script's path inside the code snapshot, or -m and a module name"
+[[ $resume == new || $resume == resume ]] ||
+  die "--resume '$resume' is not allowed: use new (a job ID not used before) or resume"
 if ((time_limit > 0 && stop_grace >= time_limit)); then
   die "--stop-grace $stop_grace leaves no time to train within --time-limit $time_limit: use fewer seconds than the limit"
 fi
@@ -151,6 +161,24 @@ build_command() {
   fi
 }
 
+# New or resumed: the job's directory on the shared file system says which it can be. A new
+# job whose ID holds a checkpoint is refused before torchrun (the trainer would resume it
+# silently, its optimizer and schedule overriding what the new job asked for); a resume
+# without a checkpoint starts at step 0 and says so. The trainer reads TRAINIUM_RESUME.
+checkpoint=$(latest_checkpoint "$output_dir")
+if [[ $resume == new && -n $checkpoint ]]; then
+  input_error "job $job_id exists at step ${checkpoint%% *} (${checkpoint#* }): resume it with train --resume $job_id, or choose another --job-id"
+elif [[ $resume == new ]]; then
+  log "job $job_id: a new job: it starts at step 0"
+elif [[ -n $checkpoint ]]; then
+  log "job $job_id: resuming from step ${checkpoint%% *} (${checkpoint#* })"
+else
+  log "job $job_id: resume asked, but $output_dir holds no checkpoint: it starts at step 0"
+fi
+TRAINIUM_RESUME=0
+[[ $resume == new ]] || TRAINIUM_RESUME=1
+export TRAINIUM_RESUME
+
 if ((dry_run)); then
   [[ -n $code_dir ]] || code_dir="$CODE_CACHE/$code"
   data_dir=""
@@ -187,7 +215,7 @@ fi
 # of the job: stopping leftovers below must not end it.
 job_log="" job_log_pid=""
 open_job_log() {
-  exec {job_log}> >(exec env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}" >/dev/null)
+  exec {job_log}> >(exec env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}" >/dev/null {agent_err}>&-)
   job_log_pid=$!
   LOG_COPY_FD=$job_log
 }
@@ -231,8 +259,32 @@ show_failed_compiles() {
     log "job $job_id: a Neuron compile failed; its compile cache entry: $entry (the next attempt compiles it again: NEURON_CC_FLAGS has --retry_failed_compilation)"
   done < <(head -n "$COMPILE_ENTRIES_SHOWN" <<<"$entries")
 }
+# torchrun exits 1 whatever status its failed worker had: the worker's (the root cause of
+# torchrun's report, torchrun_root_cause_status in lib.sh) becomes this script's status when
+# it is 2 to 127 but 75, which report_exit_status then passes on (PASS_STATUS). 2 is the
+# contract's input error (argparse's status, the reference trainer's for a bad flag or
+# missing data): the supervisor does not retry it, and the agent's stderr gets one line with
+# the trainer's own error line.
+read_trainer_status() {
+  local worker line
+  ((status == 1)) || return 0
+  worker=$(tail -c +"$((log_start + 1))" "$node_log" 2>/dev/null | torchrun_root_cause_status || true)
+  [[ $worker =~ ^[0-9]+$ ]] && ((worker >= 2 && worker <= 127 && worker != 75)) || return 0
+  status=$worker PASS_STATUS=$worker
+  log "job $job_id: the trainer on node rank $NODE_RANK exited with status $worker (torchrun's root cause); reporting $worker"
+  ((worker == 2)) || return 0
+  line=$(tail -c +"$((log_start + 1))" "$node_log" 2>/dev/null | trainer_error_line || true)
+  log "job $job_id: the job's own input is wrong (status 2): ${line:-see the job log}; it is not retried"
+  printf 'job %s: input error (status 2) on node rank %s: %s' "$job_id" "$NODE_RANK" \
+    "${line:-see the job log $node_log}" >&"$agent_err"
+}
 # launch.sh's own errors (a failing tool's message) go to the agent's stdout, as its lines do.
-exec 2>&1
+# The agent's stderr (agent_err) gets one line only, for a job whose input is wrong
+# (read_trainer_status): the API's Output of an invocation keeps the first characters of stdout
+# and the whole of a short stderr (2,500 in all: truncateOutput in the agent's
+# iohandler.go), so that line reaches the supervisor's cause however long stdout is.
+exec {agent_err}>&2 2>&1
+AGENT_ERR=$agent_err
 # Where this leg's part of the job's log begins (a resumed job appends to the same log).
 log_start=$(stat -c %s "$node_log" 2>/dev/null || echo 0)
 open_job_log
@@ -266,11 +318,11 @@ build_command
 cd "$code_dir"
 WATCHDOG_LOG="$LOG_DIR/watchdog.log"
 [[ -w $LOG_DIR ]] || WATCHDOG_LOG=/dev/null
-start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE" {job_log}>&-
+start_leg_watchdog "$job_id" "$NODE_ADDRESS" "$leg" "$LEFTOVER_GRACE" {job_log}>&- {agent_err}>&-
 log "running: ${command[*]}"
 log "the job's output goes to $node_log; CloudWatch Logs: $cloudwatch"
 
-"${command[@]}" >&"$job_log" 2>&1 {job_log}>&- &
+"${command[@]}" >&"$job_log" 2>&1 {job_log}>&- {agent_err}>&- &
 child=$!
 # A stop request (SIGTERM, SIGINT, SIGHUP) stops the leg the way stop.sh stops a job: the
 # trainers first, with --stop-grace seconds to save, then torchrun (stop_job in lib.sh says
@@ -367,9 +419,11 @@ else
   log "job $job_id: torchrun failed with status $status on node rank $NODE_RANK ($NODE_ADDRESS) after $SECONDS s"
   show_job_tail
   show_failed_compiles
+  read_trainer_status
 fi
 # torchrun's status is reported as is when 0, 1, 3 or 4, else as 1 (report_exit_status in
-# lib.sh). 75 is launch.sh's own (the leg's end above): from torchrun it is a failure.
+# lib.sh), unless read_trainer_status found the trainer's own. 75 is launch.sh's own (the
+# leg's end above): from torchrun it is a failure.
 EXIT_SOURCE=${wrap:-torchrun}
 if ((status == 75)); then
   log "torchrun ended with status 75, which only a leg that launch.sh ended at its time limit reports; reporting 1"

@@ -65,9 +65,13 @@ on_err() {
 }
 
 # The exit statuses a script reports to the SSM agent: 0, 1 (failed), and the contract's
-# own, which the job supervisor and the CLI read: 3 (preflight: replace this node), 4
-# (preflight: the nodes run different software), 75 (launch: the leg ended at its time
-# limit). Any other status is reported as 1, because the agent reads some itself: 194 asks
+# own, which the job supervisor and the CLI read: 2 (launch: the job's own input is wrong,
+# argparse's status for a bad flag; the supervisor does not retry it), 3 (preflight: replace
+# this node), 4 (preflight: the nodes run different software), 75 (launch: the leg ended at
+# its time limit). launch.sh also passes on a trainer's own status from 2 to 127 (but 75)
+# that it read from torchrun's report (PASS_STATUS below: never a failing tool's status), so
+# that an operator can name it (`train --no-retry-on`). Any other status is reported as 1,
+# because the agent reads some itself: 194 asks
 # it to reboot the instance and 137 from a process it did not cancel becomes TimedOut
 # (aws/amazon-ssm-agent agent/plugins/pluginutil/pluginutil_unix.go GetStatus;
 # RebootExitCode = 194 in agent/appconfig/constants_unix.go). An OOM-killed torchrun (137) or
@@ -80,15 +84,71 @@ on_err() {
 # A script that sets an EXIT trap of its own replaces this one (bootstrap.sh, which systemd
 # and the user data run, not the agent).
 EXIT_SOURCE=""
+PASS_STATUS=""
 report_exit_status() {
   local status=$?
   case $status in
     0 | 1 | 3 | 4 | 75) return 0 ;;
   esac
+  if [[ -n $PASS_STATUS ]] && ((status == PASS_STATUS && status >= 2 && status <= 127)); then
+    return 0
+  fi
   log "${EXIT_SOURCE:-$SCRIPT_NAME.sh} ended with status $status ($(status_meaning "$status")); reporting 1"
   exit 1
 }
 trap report_exit_status EXIT
+
+# The exit status of the worker torchrun names as the root cause of its failure, read from
+# torchrun's output (stdin); nothing when there is none. torchrun itself exits 1 whenever a
+# worker fails, whatever the worker's status; its ChildFailedError report (torch 2.9,
+# torch/distributed/elastic/multiprocessing/errors/__init__.py, ChildFailedError.format_msg)
+# ends with "Root Cause (first observed failure):" and the failure's "exitcode  : N (pid: P)"
+# (a negative N: killed by signal -N). The error file (TORCHELASTIC_ERROR_FILE) does not help:
+# a worker writes it only from a function decorated with @record, and never for sys.exit.
+torchrun_root_cause_status() {
+  awk '/^Root Cause \(first observed failure\):/ {root = 1; next}
+    root && $1 == "exitcode" && $2 == ":" && $3 ~ /^-?[0-9]+$/ {code = $3; root = 0}
+    END {if (code != "") print code}'
+}
+
+# The trainer's own error line in a failed leg's output (stdin): the last line that says
+# "error" outside torchrun's own report of the failure (its glog lines "E1126 01:58:06.641000
+# ... elastic/...", its traceback and the ChildFailedError block); nothing when there is none.
+trainer_error_line() {
+  grep -aiE 'error' | grep -avE 'elastic|error_file|ChildFailedError|^[EWIF][0-9]{4} ' |
+    tail -n 1 | tr -d '\000' | cut -c 1-400
+}
+
+# The newest complete checkpoint of a job's output directory ($1), as "<step> <path>";
+# nothing when it has none. The reference trainer's layout (workload/checkpoint.py):
+# <output>/checkpoints/step_<8 digits>/ is complete once it holds model.safetensors,
+# trainer_state.pt and config.json.
+latest_checkpoint() {
+  local dir step="" path="" found
+  for dir in "$1"/checkpoints/step_[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]; do
+    [[ -f $dir/model.safetensors && -f $dir/trainer_state.pt && -f $dir/config.json ]] || continue
+    found=$((10#${dir##*/step_}))
+    if [[ -z $step ]] || ((found > step)); then
+      step=$found path=$dir
+    fi
+  done
+  [[ -z $step ]] || printf '%s %s\n' "$step" "$path"
+}
+
+# Exits 2, the contract's input error, with `$*` as the job's error: logged, and alone as the
+# last line of the agent's stderr (no newline after it: read_trainer_status in launch.sh says
+# why), which the supervisor quotes in its cause ("input error (status 2)" marks it).
+# input_error <message>: the job and node rank come from TRAINIUM_JOB_ID and TRAINIUM_NODE_RANK
+# ("?" before launch.sh knows them); the line goes to AGENT_ERR, the agent's own stderr, once
+# launch.sh has sent its stderr to the agent's stdout.
+input_error() {
+  LAST_ERROR="$*"
+  log "error: $*"
+  printf 'job %s: input error (status 2) on node rank %s: %s' "${TRAINIUM_JOB_ID:-?}" \
+    "${TRAINIUM_NODE_RANK:-?}" "$*" >&"${AGENT_ERR:-2}"
+  PASS_STATUS=2
+  exit 2
+}
 
 # What an exit status means, in a few words.
 status_meaning() {

@@ -52,8 +52,9 @@ rm -rf "${scratch:?}/$job_id"
 mkdir -p "$scratch"
 log "precompiling job $job_id: $steps steps under neuron_parallel_compile, scratch output $scratch/$job_id"
 status=0
+# The scratch output is emptied above: always a new job there.
 bash "$NODE_DIR/launch.sh" "${launch_args[@]}" --job-id "$job_id" --jobs-root "$scratch" \
-  --wrap neuron_parallel_compile --log-folder precompile -- "$@" --max-steps "$steps" || status=$?
+  --wrap neuron_parallel_compile --log-folder precompile --resume new -- "$@" --max-steps "$steps" || status=$?
 rm -rf "${scratch:?}/$job_id/checkpoints"
 if ((status != 0)); then
   die "precompiling job $job_id failed with status $status (log: $scratch/$job_id/logs)"
