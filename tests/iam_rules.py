@@ -39,6 +39,10 @@ _ARN_OF: dict[tuple[str, str], tuple[str, str, str] | None] = {
     ("AWS::StepFunctions::StateMachine", "Ref"): ("states", "statemachine", ""),
     ("AWS::EC2::VPC", "DefaultSecurityGroup"): None,  # the group ID
     ("AWS::IAM::Role", "Arn"): ("iam", "role", ""),
+    # TableV2's resource; its Arn is the table's, "arn:aws:dynamodb:<region>:<account>:table/
+    # <name>" (CloudFormation, AWS::DynamoDB::GlobalTable return values), its Ref the name.
+    ("AWS::DynamoDB::GlobalTable", "Arn"): ("dynamodb", "table", ""),
+    ("AWS::DynamoDB::GlobalTable", "Ref"): None,
 }
 
 
