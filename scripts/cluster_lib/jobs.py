@@ -39,7 +39,7 @@ from scripts.cluster_lib.executions import (
 from scripts.cluster_lib.fleet import Node
 from scripts.cluster_lib.job_inputs import JobInputs
 from scripts.cluster_lib.logs import LogFollower, job_output_window, metrics_stream
-from scripts.cluster_lib.progress import Progress, read, summarize
+from scripts.cluster_lib.progress import Progress, duration, read, summarize
 from scripts.cluster_lib.queue import JobQueue
 from stacks import supervisor_limits as limits
 
@@ -63,18 +63,6 @@ STATE_LINES = {
     "PreflightBatches": "preflight on every node",
     "RunTrainingBatches": "RunTraining on every node",
 }
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{seconds:02d}s"
 
 
 @dataclass
@@ -413,7 +401,7 @@ class Jobs:
                 job_id=job_of(newest["name"]),
                 status=status,
                 started=started,
-                duration=_duration((ended - started).total_seconds()),
+                duration=duration((ended - started).total_seconds()),
                 execution=newest["name"],
                 story=story_of(chain),
             )

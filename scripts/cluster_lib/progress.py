@@ -122,7 +122,8 @@ class Progress:
     metrics: str = "-"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as `jobs` shows them: 3m07s, 2h05m, 1d04h."""
     seconds = max(0, int(seconds))
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
@@ -157,7 +158,7 @@ def summarize(records: list[Record]) -> Progress:
             per_second = steps / seconds
             rate = f"{per_second:.3g}/s"
             if total is not None:
-                eta = _duration((total - last.step) / per_second) if total > last.step else "done"
+                eta = duration((total - last.step) / per_second) if total > last.step else "done"
     if total is not None and last.step >= total:
         eta = "done"
     latest: dict[str, float] = {}
