@@ -56,14 +56,13 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
 from stacks.config import ClusterConfig
-from stacks.log_groups import retention
+from stacks.log_groups import execution_log_group
 from stacks.nag import acknowledge
 
 #: The partition keys of the two kinds of item, and the slot's sort key.
@@ -119,16 +118,7 @@ class JobDispatcher(Construct):
         self.supervisor = supervisor
         self.supervisor_name = supervisor_name
         name = f"{config.cluster_name}-dispatcher"
-        self.log_group = logs.LogGroup(
-            self,
-            "ExecutionLogGroup",
-            log_group_name=f"/aws/vendedlogs/states/{name}",
-            retention=retention(config.log_retention_days),
-            encryption_key=key,
-            removal_policy=cdk.RemovalPolicy.RETAIN
-            if config.retain_data
-            else cdk.RemovalPolicy.DESTROY,
-        )
+        self.log_group = execution_log_group(self, name, config=config, key=key)
         self.role = iam.Role(
             self,
             "Role",

@@ -6,6 +6,9 @@ import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks.config import ClusterConfig
 
 
 def allow_cloudwatch_logs(key: kms.Key) -> None:
@@ -66,3 +69,20 @@ _RETENTION = {
 def retention(days: int) -> logs.RetentionDays:
     """The RetentionDays member for a number of days (ClusterConfig allows only these)."""
     return _RETENTION[days]
+
+
+def execution_log_group(
+    scope: Construct, state_machine_name: str, *, config: ClusterConfig, key: kms.IKey
+) -> logs.LogGroup:
+    """A state machine's execution log group (construct ID ExecutionLogGroup). The vended-logs
+    prefix keeps Step Functions log delivery's resource policy small."""
+    return logs.LogGroup(
+        scope,
+        "ExecutionLogGroup",
+        log_group_name=f"/aws/vendedlogs/states/{state_machine_name}",
+        retention=retention(config.log_retention_days),
+        encryption_key=key,
+        removal_policy=cdk.RemovalPolicy.RETAIN
+        if config.retain_data
+        else cdk.RemovalPolicy.DESTROY,
+    )

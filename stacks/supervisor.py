@@ -60,7 +60,7 @@ from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
-from stacks.log_groups import retention
+from stacks.log_groups import execution_log_group
 from stacks.nag import acknowledge
 from stacks.supervisor_run import LEG_TIME_LIMIT_STATUS, REPLACE_NODE_STATUS, ROLL_FLEET_STATUS
 from stacks.supervisor_states import JOB_DEFAULTS, SupervisorStates
@@ -105,17 +105,7 @@ class JobSupervisor(Construct):
             resource_name=self.state_machine_name,
             arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
         )
-        self.log_group = logs.LogGroup(
-            self,
-            "ExecutionLogGroup",
-            # Vended-logs prefix: Step Functions log delivery keeps its resource policy small.
-            log_group_name=f"/aws/vendedlogs/states/{self.state_machine_name}",
-            retention=retention(config.log_retention_days),
-            encryption_key=key,
-            removal_policy=cdk.RemovalPolicy.RETAIN
-            if config.retain_data
-            else cdk.RemovalPolicy.DESTROY,
-        )
+        self.log_group = execution_log_group(self, self.state_machine_name, config=config, key=key)
         self.role = iam.Role(
             self,
             "Role",
