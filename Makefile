@@ -19,8 +19,11 @@ export DEBIAN_FRONTEND := noninteractive
 
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
+# pytest-xdist: one worker per CPU, at most 4 (tests/conftest.py); the stack tests share one.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
-.PHONY: help setup system-deps demo synth check lint typecheck shellcheck test clean
+.PHONY: help setup system-deps demo synth check lint typecheck shellcheck test test-fast clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -85,8 +88,11 @@ shellcheck: setup
 
 check: lint typecheck shellcheck  ## The quality gate: ruff, mypy, shellcheck
 
-test: check  ## The quality gate, then the whole test suite
-	$(BIN)/pytest $(PYTEST_ARGS)
+test: check  ## The quality gate, then the whole test suite (on every CPU, at most 4)
+	$(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+test-fast: setup  ## The tests not marked slow, for local iteration (make test still runs all)
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
 clean:  ## Remove build outputs (keeps .venv and node_modules)
 	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

@@ -33,6 +33,54 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 
 
+#: Modules whose tests synthesize many configurations (tests/cdk_support.py caches each once per
+#: process): under pytest-xdist (`make test`) they run on one worker, so each configuration is
+#: synthesized and cfn-linted once per run, not once per worker. The end-to-end tests use only
+#: the default synth, which each worker makes once.
+SYNTH_GROUP = "synth"
+SYNTH_MODULES = (
+    "test_stacks_",
+    "test_checkov",
+    "test_api_rates",
+    "test_iam_actions",
+    "test_sdk_parameters",
+    "test_ec2_shapes",
+    "test_node_image",
+    "test_cdk_cli",
+)
+
+#: Modules whose module-scoped fixture runs a job (a reference training run, a benchmark, a wheel
+#: build) that several of their tests read: each is one xdist group, so the job runs once.
+MODULE_GROUPS = (
+    "test_bench.py",
+    "test_workload_train.py",
+    "test_workload_xla.py",
+    "test_job_python.py",
+)
+
+#: The most workers `-n auto` starts: each end-to-end test runs several torch processes
+#: (about 0.5 GiB each), so more workers than this would trade memory for little time.
+MAX_WORKERS = 4
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The stack tests grouped (SYNTH_GROUP) and MODULE_GROUPS; under xdist, the tests marked
+    slow first, so that the longest tests start early and the short ones fill in around them,
+    not after them (a serial run keeps the modules in order, each module's fixtures made once)."""
+    for item in items:
+        if item.path.name.startswith(SYNTH_MODULES):
+            item.add_marker(pytest.mark.xdist_group(SYNTH_GROUP))
+        elif item.path.name in MODULE_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per CPU this process may run on, at most MAX_WORKERS."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

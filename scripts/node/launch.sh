@@ -129,6 +129,8 @@ leg="$(date +%s)-$$"
 # a SIGTERM before they are SIGKILLed.
 LEFTOVER_GRACE=60
 export TRAINIUM_JOB_ID="$job_id" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" TRAINIUM_NODE_RANK="$NODE_RANK"
+# This node's processes are the ones tagged with its state directory (job_pids in lib.sh).
+export TRAINIUM_STATE_DIR="$STATE_DIR"
 export TRAINIUM_LEG="$leg"
 # The job's contract (docs/job-contract.md): where it writes, what it reads, when its leg ends;
 # where rank 0 writes its progress, one JSON object a line, which the CloudWatch agent ships

@@ -459,9 +459,13 @@ require_ready() {
 }
 
 # Process IDs on this machine that belong to a job: launch.sh tags every process it starts
-# with TRAINIUM_JOB_ID (and TRAINIUM_NODE_ADDRESS, TRAINIUM_LEG) in its environment, which
-# survives re-parenting when a launcher dies and new sessions (torchrun starts each worker
-# with start_new_session=True). job_pids <job-id|*> [node-address] [leg]; "*" matches any job.
+# with TRAINIUM_JOB_ID (and TRAINIUM_NODE_ADDRESS, TRAINIUM_LEG, TRAINIUM_STATE_DIR) in its
+# environment, which survives re-parenting when a launcher dies and new sessions (torchrun
+# starts each worker with start_new_session=True). job_pids <job-id|*> [node-address] [leg];
+# "*" matches any job. Only processes tagged with this node's state directory count: on a
+# cluster node that is always /var/lib/trainium-cluster, and where several simulated nodes
+# share one machine and one address (the tests, a loopback rehearsal, two test runs side by
+# side), each has its own, so stopping one node's leftovers never ends another's job.
 job_pids() {
   local job=$1 node=${2:-} leg=${3:-} files pid own_net
   if [[ $job == "*" ]]; then
@@ -469,6 +473,9 @@ job_pids() {
   else
     files=$(grep -lzxF "TRAINIUM_JOB_ID=$job" /proc/[0-9]*/environ 2>/dev/null || true)
   fi
+  [[ -n $files ]] || return 0
+  # shellcheck disable=SC2086  # one file name per word
+  files=$(grep -lzxF "TRAINIUM_STATE_DIR=$STATE_DIR" $files 2>/dev/null || true)
   [[ -n $files ]] || return 0
   if [[ -n $node ]]; then
     # shellcheck disable=SC2086  # one file name per word

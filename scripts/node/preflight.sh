@@ -329,7 +329,7 @@ check_collective() {
   status=0
   output=$(
     cd "$NODE_DIR"
-    TRAINIUM_JOB_ID="preflight" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" \
+    TRAINIUM_JOB_ID="preflight" TRAINIUM_NODE_ADDRESS="$NODE_ADDRESS" TRAINIUM_STATE_DIR="$STATE_DIR" \
       timeout --kill-after=60 "$COLLECTIVE_LIMIT" \
       torchrun --nnodes "${#HOSTS[@]}" --node_rank "$NODE_RANK" --master_addr "${HOSTS[0]}" \
       --master_port "$port" --nproc_per_node "$NPROC" collective_check.py --size-mb 16 2>&1

@@ -1,0 +1,87 @@
+"""A node's job processes are its own, even where several nodes share one machine.
+
+stop.sh and launch.sh's clean-up of leftovers find a job's processes by the tags launch.sh puts
+in their environment (job_pids in scripts/node/lib.sh). On a cluster node one node is one
+machine. In the tests, the loopback rehearsal and two test runs side by side, several simulated
+nodes share one machine, one network namespace and the address 127.0.0.1, and the same job ID
+may run on two of them at once: each node's state directory (TRAINIUM_STATE_DIR) tells its
+processes from the others'.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.node_support import NODE, FakeNode
+
+# A job process as launch.sh leaves it: tagged, in a session of its own, waiting to be stopped.
+SLEEPER = "import time\nwhile True: time.sleep(1)\n"
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> tuple[FakeNode, FakeNode]:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    return FakeNode(tmp_path / "a"), FakeNode(tmp_path / "b")
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    processes: list[subprocess.Popen[bytes]] = []
+    yield processes
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def job_process(node: FakeNode, job_id: str) -> subprocess.Popen[bytes]:
+    env = node.env(
+        TRAINIUM_JOB_ID=job_id, TRAINIUM_NODE_ADDRESS="127.0.0.1", TRAINIUM_LEG="1-1",
+        TRAINIUM_STATE_DIR=str(node.state),
+    )  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", SLEEPER], env=env, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_stop_on_one_node_leaves_the_same_job_on_another_node_of_the_machine(
+    nodes: tuple[FakeNode, FakeNode], started: list[subprocess.Popen[bytes]]
+) -> None:
+    a, b = nodes
+    on_a, on_b = job_process(a, "same-job"), job_process(b, "same-job")
+    started += [on_a, on_b]
+
+    stopped = b.run(
+        "stop.sh", "--job-id", "same-job", "--grace", "5", "--node-address", "127.0.0.1"
+    )
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert "job same-job stopped on this node" in stopped.stderr
+    assert on_b.wait(timeout=60) != 0
+    assert on_a.poll() is None, "node b's stop ended node a's process of the same job"
+    # And node a's own stop finds it.
+    assert "stopped on this node" in a.run("stop.sh", "--job-id", "same-job", "--grace", "5").stderr
+    assert on_a.wait(timeout=60) != 0
+
+
+def test_every_script_that_tags_a_job_tags_its_node_too() -> None:
+    """On a cluster node TRAINIUM_STATE_DIR is not in the SSM agent's environment: a script that
+    tags processes with TRAINIUM_JOB_ID must set the node's tag itself, or job_pids finds none
+    of them there (while the tests, which set TRAINIUM_STATE_DIR for every script, still
+    would)."""
+    tagging = []
+    for script in sorted(NODE.glob("*.sh")):
+        lines = script.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if re.search(r"(export |^\s*)TRAINIUM_JOB_ID=\S", line):
+                statement = " ".join(lines[number : number + 3])
+                tagging.append(script.name)
+                assert 'TRAINIUM_STATE_DIR="$STATE_DIR"' in statement, f"{script.name}:{number + 1}"
+    assert sorted(set(tagging)) == ["launch.sh", "preflight.sh"]
