@@ -18,6 +18,7 @@ import pytest
 
 from scripts import cluster as cli
 from scripts.cluster_lib import ClusterError
+from scripts.cluster_lib import deploy as deploy_module
 from scripts.cluster_lib.deploy import deploy
 from scripts.rehearsal.stacks_stand_in import DeployedStacks
 from tests.cdk_support import REPO_ROOT, Synth, synth
@@ -80,13 +81,13 @@ def write_block_file(root: Path) -> None:
 
 
 def test_a_deploy_without_the_blocks_settings_is_refused_in_one_line(
-    capsys: pytest.CaptureFixture[str],
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The cluster was deployed for a Capacity Block; a deploy from cdk.json's defaults (no
     settings file: what a bare `npx cdk deploy --all` synthesized) would scale it to 2 On-Demand
     nodes and end the block's job. Through the CLI's own entry point."""
+    monkeypatch.setattr(deploy_module, "PROJECT_ROOT", root)
     stacks = deployed(synth(**BLOCK))
-    assert not (REPO_ROOT / "clusters" / "trainium.yaml").exists()
     status = cli.main(["deploy"], session=stacks.session())
     captured = capsys.readouterr()
     assert status == 1

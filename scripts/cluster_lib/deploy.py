@@ -117,10 +117,12 @@ def deploy(
     allow_disruption: bool,
     dry_run: bool,
     out: Callable[[str], None],
-    root: Path = PROJECT_ROOT,
+    root: Path | None = None,
     run: Callable[[Sequence[str], Path], int] | None = None,
 ) -> int:
-    """Compare, print, refuse or deploy; the exit status of `npx cdk deploy`."""
+    """Compare, print, refuse or deploy; the exit status of `npx cdk deploy`. `root` is the
+    checkout (cdk.json, clusters/), PROJECT_ROOT unless given."""
+    root = root or PROJECT_ROOT
     wanted = cluster_settings(cluster_name, root)
     path = settings_path(cluster_name, root)
     source = path.relative_to(root) if path.is_file() else "cdk.json (no settings file)"
