@@ -22,12 +22,13 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from stacks.config import ClusterConfig, ConfigError, _parse
+from stacks.config import TIME_FORMAT, ClusterConfig, ConfigError, _parse
 
 #: The project's root: app.py, cdk.json and the clusters/ folder.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -89,10 +90,15 @@ def read_settings(path: Path) -> dict[str, Any]:
             raise ConfigError(
                 f"{_shown(path)}: {key} is not a setting{hint}; allowed: {', '.join(names)}"
             )
-        if isinstance(value, dict | list) or value is None:
+        if isinstance(value, datetime) and value.tzinfo is not None:
+            # YAML reads an unquoted 2026-12-01T11:30:00Z as a timestamp: the same instant,
+            # written back as the settings write it.
+            loaded[key] = value.astimezone(UTC).strftime(TIME_FORMAT)
+            continue
+        if isinstance(value, dict | list | date) or value is None:
             raise ConfigError(
                 f"{_shown(path)}: {key} has no single value; allowed: a string, number or "
-                "true/false"
+                "true/false (a time in UTC with its Z, such as 2026-12-01T11:30:00Z)"
             )
     return dict(loaded)
 

@@ -67,6 +67,18 @@ def test_the_blocks_settings_stick_without_any_c(root: Path) -> None:
     assert record["capacity_block"] is True and record["node_count"] == 4
 
 
+def test_an_unquoted_time_is_the_same_time(root: Path) -> None:
+    """YAML 1.1 (PyYAML) reads 2026-12-01T11:30:00Z unquoted as a timestamp, not a string."""
+    (root / "clusters" / "trainium.yaml").write_text(BLOCK_FILE.replace('"', ""))
+    assert app_config(root).capacity_block_start == "2026-12-01T11:30:00Z"
+    (root / "clusters" / "trainium.yaml").write_text(
+        BLOCK_FILE.replace('"2026-12-01T11:30:00Z"', "2026-12-01")
+    )
+    with pytest.raises(ConfigError) as error:
+        app_config(root)
+    assert "capacity_block_start has no single value" in one_line(error)
+
+
 def test_the_cluster_is_picked_by_c_cluster_or_the_environment(root: Path) -> None:
     (root / "clusters" / "research.yaml").write_text("node_count: 8\n")
     assert app_config(root, {"cluster": "research"}).cluster_name == "research"
