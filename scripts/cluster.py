@@ -309,9 +309,9 @@ def settings_region(
     """The region of the cluster's settings file (clusters/<name>.yaml), which --region may
     repeat but not contradict; None without a file."""
     from stacks.config import ConfigError
-    from stacks.settings_file import PROJECT_ROOT, load_cluster, settings_path
+    from stacks.settings_file import checkout_root, load_cluster, settings_path
 
-    root = root or PROJECT_ROOT
+    root = root or checkout_root()
     try:
         settings = load_cluster(cluster_name, root)
     except ConfigError as error:

@@ -44,6 +44,13 @@ def settable() -> list[str]:
     return [f.name for f in fields(ClusterConfig) if f.init]
 
 
+def checkout_root() -> Path:
+    """Where the CLI finds clusters/ and cdk.json: the current directory when it is a checkout
+    (it holds cdk.json), else the checkout this code runs from (an editable install's)."""
+    cwd = Path.cwd()
+    return cwd if (cwd / "cdk.json").is_file() else PROJECT_ROOT
+
+
 _DEFAULTS = {f.name: f.default for f in fields(ClusterConfig) if f.init}
 
 

@@ -18,7 +18,6 @@ import pytest
 
 from scripts import cluster as cli
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib import deploy as deploy_module
 from scripts.cluster_lib.deploy import deploy
 from scripts.rehearsal.stacks_stand_in import DeployedStacks
 from tests.cdk_support import REPO_ROOT, Synth, synth
@@ -86,7 +85,7 @@ def test_a_deploy_without_the_blocks_settings_is_refused_in_one_line(
     """The cluster was deployed for a Capacity Block; a deploy from cdk.json's defaults (no
     settings file: what a bare `npx cdk deploy --all` synthesized) would scale it to 2 On-Demand
     nodes and end the block's job. Through the CLI's own entry point."""
-    monkeypatch.setattr(deploy_module, "PROJECT_ROOT", root)
+    monkeypatch.chdir(root)  # a checkout: cdk.json, no clusters/trainium.yaml
     stacks = deployed(synth(**BLOCK))
     status = cli.main(["deploy"], session=stacks.session())
     captured = capsys.readouterr()

@@ -175,3 +175,15 @@ def test_the_real_synth_reads_the_file(settings: list[str], message: str) -> Non
     app_lines = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(app_lines) == 1 and app_lines[0].startswith(message.format(name=name)), output
     assert "Traceback" not in output
+
+
+def test_the_cli_reads_the_settings_of_the_checkout_it_runs_in(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed `trainium-cluster` run in a checkout (it holds cdk.json) reads that
+    checkout's clusters/ folder."""
+    (root / "clusters" / "west.yaml").write_text("region: us-west-2\n")
+    monkeypatch.chdir(root)
+    assert settings_region("west", None) == "us-west-2"
+    monkeypatch.chdir(root / "clusters")  # no cdk.json here: the code's own checkout
+    assert settings_region("west", None) is None

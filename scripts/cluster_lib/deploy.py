@@ -27,6 +27,7 @@ from stacks.settings_changes import disruption
 from stacks.settings_file import (
     CLUSTER_CONTEXT_KEY,
     PROJECT_ROOT,
+    checkout_root,
     config_from_app_context,
     settable,
     settings_path,
@@ -121,8 +122,8 @@ def deploy(
     run: Callable[[Sequence[str], Path], int] | None = None,
 ) -> int:
     """Compare, print, refuse or deploy; the exit status of `npx cdk deploy`. `root` is the
-    checkout (cdk.json, clusters/), PROJECT_ROOT unless given."""
-    root = root or PROJECT_ROOT
+    checkout (cdk.json, clusters/): the current directory's, else this code's."""
+    root = root or checkout_root()
     wanted = cluster_settings(cluster_name, root)
     path = settings_path(cluster_name, root)
     source = path.relative_to(root) if path.is_file() else "cdk.json (no settings file)"
