@@ -18,7 +18,7 @@ import pytest
 
 from scripts import cluster as cli
 from scripts.cluster_lib import ClusterError
-from scripts.cluster_lib.deploy import deploy
+from scripts.cluster_lib.deploy import KEPT_MARKER, cluster_settings, deploy
 from scripts.rehearsal.stacks_stand_in import DeployedStacks
 from tests.cdk_support import REPO_ROOT, Synth, synth
 
@@ -47,17 +47,24 @@ def root(tmp_path: Path) -> Path:
 
 
 class Runs:
-    def __init__(self) -> None:
+    """`npx cdk deploy`, recorded; with `creates`, the stacks it leaves deployed."""
+
+    def __init__(self, stacks: DeployedStacks, creates: Synth | None = None) -> None:
         self.commands: list[tuple[list[str], Path]] = []
+        self.stacks, self.creates = stacks, creates
 
     def __call__(self, command: Sequence[str], root: Path) -> int:
         self.commands.append((list(command), root))
+        if self.creates is not None:
+            self.stacks.templates.update(deployed(self.creates).templates)
         return 0
 
 
-def run_deploy(stacks: DeployedStacks, root: Path, **options: Any) -> tuple[int, list[str], Runs]:
+def run_deploy(
+    stacks: DeployedStacks, root: Path, creates: Synth | None = None, **options: Any
+) -> tuple[int, list[str], Runs]:
     lines: list[str] = []
-    runs = Runs()
+    runs = Runs(stacks, creates)
     cloudformation = stacks.session().client("cloudformation")
     status = deploy(
         cloudformation,
@@ -106,10 +113,28 @@ def test_a_deploy_without_the_blocks_settings_is_refused_in_one_line(
 
 def test_the_same_settings_from_the_file_deploy(root: Path) -> None:
     write_block_file(root)
-    status, lines, runs = run_deploy(deployed(synth(**BLOCK)), root)
+    stacks = deployed(synth(**BLOCK))
+    status, lines, runs = run_deploy(stacks, root)
     assert status == 0
-    assert lines == ["cluster trainium: clusters/trainium.yaml matches the deployed settings"]
+    assert lines[0] == "cluster trainium: clusters/trainium.yaml matches the deployed settings"
     assert runs.commands == [(["npx", "cdk", "deploy", "--all", "-c", "cluster=trainium"], root)]
+    # The kept buckets' names, for the deploy after a destroy, as comments in the file.
+    data = stacks.bucket_name("trainium-storage", "BucketsDataBucket44451DC7")
+    checkpoints = stacks.bucket_name("trainium-storage", "BucketsCheckpointBucket6455F5C4")
+    assert lines[1] == (
+        f"kept on destroy: data_bucket_name: {data}, checkpoint_bucket_name: {checkpoints} "
+        "(noted in trainium.yaml)"
+    )
+    path = root / "clusters" / "trainium.yaml"
+    text = path.read_text()
+    assert text.endswith(
+        f"{KEPT_MARKER}\n# data_bucket_name: {data}\n# checkpoint_bucket_name: {checkpoints}\n"
+    )
+    assert run_deploy(stacks, root)[1][0].endswith("matches the deployed settings")
+    assert path.read_text() == text  # noted once
+    # Uncommented, they adopt the buckets.
+    path.write_text(text.replace("# data_bucket_name", "data_bucket_name"))
+    assert cluster_settings("trainium", root).data_bucket_name == data
 
 
 def test_allow_disruption_deploys_what_it_lists(root: Path) -> None:
@@ -124,7 +149,7 @@ def test_a_change_that_ends_no_job_deploys(root: Path) -> None:
         file.write("alarm_email: ops@example.com\nnode_wait_hours: 48\n")
     status, lines, runs = run_deploy(deployed(synth(**BLOCK)), root)
     assert status == 0 and len(runs.commands) == 1
-    assert lines[1:] == [
+    assert lines[1:3] == [
         '  alarm_email: "" -> "ops@example.com"',
         "  node_wait_hours: 24 -> 48",
     ]
@@ -140,10 +165,12 @@ def test_more_nodes_deploy_fewer_are_refused(root: Path) -> None:
 
 
 def test_a_new_cluster_deploys_and_a_dry_run_deploys_nothing(root: Path) -> None:
-    status, lines, runs = run_deploy(DeployedStacks({}), root)
+    status, lines, runs = run_deploy(DeployedStacks({}), root, creates=synth())
     assert status == 0 and len(runs.commands) == 1
-    assert lines == ["cluster trainium is not deployed: a new cluster from cdk.json (no settings "
-                     "file)"]  # fmt: skip
+    assert lines[0] == (
+        "cluster trainium is not deployed: a new cluster from cdk.json (no settings file)"
+    )
+    assert lines[1].startswith("kept on destroy: data_bucket_name: trainium-storage-")
     with pytest.raises(ClusterError):  # a dry run refuses what a deploy refuses
         run_deploy(deployed(synth(**BLOCK)), root, dry_run=True)
     write_block_file(root)

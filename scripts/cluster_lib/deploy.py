@@ -8,7 +8,8 @@ refuses the changes that end running jobs or replace nodes (stacks/settings_chan
 given --allow-disruption, in one line naming them. This is ParallelCluster's `pcluster
 update-cluster`, which compares the cluster's configuration file with the settings the running
 cluster was created with and blocks the changes its update policies forbid (AWS
-ParallelCluster user guide, "Using pcluster update-cluster").
+ParallelCluster user guide, "Using pcluster update-cluster"). After a deploy it notes the names
+of the buckets a destroy keeps in the settings file, as comments (note_kept_buckets).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.clients import aws_errors
+from stacks.bucket_names import bucket_name_problem
 from stacks.config import ClusterConfig, ConfigError
 from stacks.settings_changes import disruption
 from stacks.settings_file import (
@@ -153,7 +155,51 @@ def deploy(
     if dry_run:
         out("dry run: would run " + " ".join(command))
         return 0
-    return (run or _run)(command, root)
+    status = (run or _run)(command, root)
+    if status == 0 and wanted.retain_data:
+        note_kept_buckets(cloudformation, cluster_name, wanted, path, out)
+    return status
+
+
+#: The comment above the kept buckets' names in a settings file (note_kept_buckets).
+KEPT_MARKER = (
+    "# Kept on destroy (retain_data): to deploy this cluster again after `npx cdk destroy "
+    "--all`, uncomment these lines (docs/deploy.md, Deploying again after a destroy)"
+)
+_KEPT_KEYS = {
+    "data_bucket_name": "DataBucketName",
+    "checkpoint_bucket_name": "CheckpointBucketName",
+}
+
+
+def note_kept_buckets(
+    cloudformation: Any,
+    cluster_name: str,
+    wanted: ClusterConfig,
+    path: Path,
+    out: Callable[[str], None],
+) -> None:
+    """After a deploy: the names of the buckets a destroy keeps, as comments in the cluster's
+    settings file, since the stack outputs that name them go with the destroy. Comments change
+    no setting; uncommented, they adopt the buckets (data_bucket_name, checkpoint_bucket_name).
+    An adopted bucket is in the file already."""
+    stack_name = f"{cluster_name}-operations"
+    with aws_errors(f"reading stack {stack_name}"):
+        stack = cloudformation.describe_stacks(StackName=stack_name)["Stacks"][0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    lines = []
+    for key, output in _KEPT_KEYS.items():
+        name = outputs.get(output, "")
+        if not getattr(wanted, key) and name and bucket_name_problem(name) is None:
+            lines.append(f"# {key}: {name}")
+    if not lines:
+        return
+    text = path.read_text() if path.is_file() else ""
+    managed = (KEPT_MARKER, *(f"# {key}: " for key in _KEPT_KEYS))
+    kept = [line for line in text.splitlines() if not line.startswith(managed)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([*kept, KEPT_MARKER, *lines]) + "\n")
+    out(f"kept on destroy: {', '.join(line[2:] for line in lines)} (noted in {path.name})")
 
 
 def _run(command: Sequence[str], root: Path) -> int:

@@ -2,14 +2,17 @@
 
 Each stack is the template `npx cdk synth` wrote for it, as deployed: its outputs are the
 template's, an output whose value is literal text in the template (the `Settings` record, the
-cluster's name, the instance type) answered with that text, and one made of intrinsic functions
-(a generated name, an ARN) with a placeholder naming it, since no account resolved it. A stack
+cluster's name, the instance type) answered with that text; a bucket's `Ref` with the name
+CloudFormation gives a bucket without a BucketName (the stack's name, the logical ID and a
+suffix, lowercase), through another stack's export (`Fn::ImportValue`) too; any other intrinsic
+function (an ARN) with a placeholder naming the output, since no account resolved it. A stack
 not given does not exist, with CloudFormation's error for it. Every answer is checked against
 botocore's output shape for DescribeStacks (aws_stand_in.validate_answer).
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,12 +69,31 @@ class DeployedStacks:
         body["ResponseMetadata"] = metadata
         return AWSResponse("https://stand-in.local", 200, {}, None), body
 
+    def bucket_name(self, stack_name: str, logical_id: str) -> str:
+        """The name CloudFormation generates for a bucket of a stack (same on every call)."""
+        suffix = hashlib.sha256(f"{stack_name}/{logical_id}".encode()).hexdigest()[:12]
+        return f"{stack_name}-{logical_id}-{suffix}".lower()
+
+    def _resolve(self, stack_name: str, value: Any) -> str | None:
+        if isinstance(value, str):
+            return value
+        resources = self.templates[stack_name]["Resources"]
+        if isinstance(value, dict) and set(value) == {"Ref"}:
+            resource = resources.get(value["Ref"], {})
+            if resource.get("Type") == "AWS::S3::Bucket":
+                return self.bucket_name(stack_name, value["Ref"])
+        if isinstance(value, dict) and set(value) == {"Fn::ImportValue"}:
+            for name, template in self.templates.items():
+                for output in template.get("Outputs", {}).values():
+                    if output.get("Export", {}).get("Name") == value["Fn::ImportValue"]:
+                        return self._resolve(name, output["Value"])
+        return None
+
     def _stack(self, stack_name: str, template: dict[str, Any]) -> dict[str, Any]:
         outputs = []
         for key, output in template.get("Outputs", {}).items():
-            value = output["Value"]
-            text = value if isinstance(value, str) else f"<{key}: resolved at deploy>"
-            outputs.append({"OutputKey": key, "OutputValue": text})
+            text = self._resolve(stack_name, output["Value"])
+            outputs.append({"OutputKey": key, "OutputValue": text or f"<{key}: an account's>"})
         return {
             "StackName": stack_name,
             "StackStatus": self.status,
