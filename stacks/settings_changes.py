@@ -18,6 +18,8 @@ compute stack:
   on (a replacement, a scale-out) gets the new, and a job needs all its nodes alike (preflight
   refuses a mixed set; `trainium-cluster roll` replaces them all).
 
+A change of an adopted bucket (RELINKS) replaces a data repository association: refused too.
+
 ParallelCluster does the same per setting ("Update policy: The compute fleet must be stopped
 for this setting to be changed", AWS ParallelCluster user guide, "Using pcluster
 update-cluster").
@@ -49,6 +51,15 @@ DISRUPTIVE: Mapping[str, str] = {
     "internet_egress": "replaces the nodes' subnet (its address range changes with the VPC's "
     "layout), and with it the file system and every node",
 }
+#: Settings whose change links /fsx/data or /fsx/jobs to another bucket: the data repository
+#: association is replaced (its DataRepositoryPath is a create-only property), and a bucket the
+#: stack created is left out of it (kept, with no bucket policy) or an adopted one replaced by a
+#: new, empty bucket. Meant for the first deploy after a destroy, never for a running cluster.
+RELINKS: Mapping[str, str] = {
+    "data_bucket_name": "links /fsx/data to another bucket: a running job's data goes",
+    "checkpoint_bucket_name": "links /fsx/jobs to another bucket: running jobs lose where they "
+    "save",
+}
 #: node_count ends nodes only when it goes down.
 NODE_COUNT_DOWN = "Auto Scaling terminates the nodes above the new count"
 
@@ -57,4 +68,4 @@ def disruption(key: str, old: object, new: object) -> str | None:
     """Why changing `key` from `old` to `new` ends running jobs or replaces nodes, or None."""
     if key == "node_count":
         return NODE_COUNT_DOWN if int(str(new)) < int(str(old)) else None
-    return DISRUPTIVE.get(key)
+    return DISRUPTIVE.get(key) or RELINKS.get(key)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
 
-from stacks.settings_changes import DISRUPTIVE, disruption
+from stacks.settings_changes import DISRUPTIVE, RELINKS, disruption
 from stacks.settings_file import settable
 from tests.cdk_support import synth
 
@@ -138,6 +138,23 @@ def derived_disruptions(
     return found
 
 
+def derived_relinks(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Data repository associations whose bucket changes (DataRepositoryPath is create-only in
+    AWS::FSx::DataRepositoryAssociation's provider schema: the association is replaced)."""
+    schema = PROVIDER_SCHEMA_MANAGER.get_resource_schema(
+        "us-east-1", "AWS::FSx::DataRepositoryAssociation"
+    ).schema
+    assert "/properties/DataRepositoryPath" in schema["createOnlyProperties"]
+    old, new = before["Resources"], after["Resources"]
+    return [
+        logical_id
+        for logical_id, resource in old.items()
+        if resource["Type"] == "AWS::FSx::DataRepositoryAssociation"
+        and json.dumps(resource["Properties"]["DataRepositoryPath"], sort_keys=True)
+        != json.dumps(new[logical_id]["Properties"]["DataRepositoryPath"], sort_keys=True)
+    ]
+
+
 def test_every_setting_is_changed_once_here() -> None:
     assert {key for key, _, _ in CHANGES} == set(settable()) - {"cluster_name"}
 
@@ -153,9 +170,11 @@ def test_the_table_says_what_the_templates_do(
 ) -> None:
     old, new = synth(**before), synth(**after)
     derived = derived_disruptions(old.templates, new.templates, new.config.region)
+    relinked = derived_relinks(old.templates["storage"], new.templates["storage"])
     said = disruption(key, getattr(old.config, key), getattr(new.config, key))
-    assert bool(said) == bool(derived), (key, said, derived)
+    assert bool(said) == bool(derived or relinked), (key, said, derived, relinked)
+    assert (key in RELINKS) == bool(relinked), (key, relinked)
 
 
 def test_the_table_names_only_settings() -> None:
-    assert set(DISRUPTIVE) <= set(settable())
+    assert set(DISRUPTIVE) | set(RELINKS) <= set(settable())
