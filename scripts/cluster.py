@@ -13,6 +13,7 @@
     python scripts/cluster.py shell RANK|ADDRESS|INSTANCE
     python scripts/cluster.py roll [--wait] [--force]
     python scripts/cluster.py export [--timeout 3600]
+    python scripts/cluster.py deploy [--allow-disruption] [--dry-run]
     python scripts/cluster.py rehearse --nodes 2 [--output build/rehearsal] [-- <train.py args>]
 
 The AWS commands find the cluster through its operations stack (`<cluster>-operations`),
@@ -78,11 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     for target, default in ((parser, None), (common, argparse.SUPPRESS)):
         target.add_argument(
-            "--cluster-name", default=default or DEFAULT_CLUSTER, help="default: trainium"
+            "--cluster-name",
+            default=default or DEFAULT_CLUSTER,
+            help="default: TRAINIUM_CLUSTER_NAME, then trainium; its settings file "
+            "clusters/<name>.yaml, where there is one, gives the region",
         )
         target.add_argument(
             "--region", default=default,
-            help="AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, then the profile's)",
+            help="AWS region (default: the settings file's, else AWS_REGION, "
+            "AWS_DEFAULT_REGION, then the profile's)",
         )  # fmt: skip
         target.add_argument(
             "--profile", default=default, help="AWS profile (default: AWS_PROFILE or default)"
@@ -234,6 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=3600, help="seconds to wait for it (default: 3600)"
     )
 
+    deploy = sub.add_parser(
+        "deploy", parents=[common],
+        help="deploy clusters/<cluster-name>.yaml (npx cdk deploy --all) after showing what "
+        "it changes; refuses changes that end jobs or replace nodes",
+    )  # fmt: skip
+    deploy.add_argument(
+        "--allow-disruption", action="store_true",
+        help="deploy changes that end running jobs or replace nodes (node_count down, "
+        "instance_type, ami, capacity settings, placement group, zone, region)",
+    )  # fmt: skip
+    deploy.add_argument(
+        "--dry-run", action="store_true", help="show the changes and the command, deploy nothing"
+    )
+
     rehearse = sub.add_parser(
         "rehearse", parents=[common], help="run the launch path locally, without AWS"
     )
@@ -265,10 +284,11 @@ def make_cluster(args: argparse.Namespace, session: Session | None = None) -> Cl
     from scripts.cluster_lib.cluster import Cluster
 
     if session is None:
+        region = settings_region(args.cluster_name, args.region) or resolve_region(
+            args.region, os.environ
+        )
         try:
-            session = boto3.Session(
-                profile_name=args.profile, region_name=resolve_region(args.region, os.environ)
-            )
+            session = boto3.Session(profile_name=args.profile, region_name=region)
         except ProfileNotFound:
             raise ClusterError(
                 f"AWS profile {args.profile!r} not found in the AWS config"
@@ -280,6 +300,41 @@ def make_cluster(args: argparse.Namespace, session: Session | None = None) -> Cl
         poll_interval=args.poll_interval,
         wait_timeout=args.wait_timeout,
         give_up_after=args.give_up_after,
+    )
+
+
+def settings_region(
+    cluster_name: str, cli_region: str | None, root: Path | None = None
+) -> str | None:
+    """The region of the cluster's settings file (clusters/<name>.yaml), which --region may
+    repeat but not contradict; None without a file."""
+    from stacks.config import ConfigError
+    from stacks.settings_file import checkout_root, load_cluster, settings_path
+
+    root = root or checkout_root()
+    try:
+        settings = load_cluster(cluster_name, root)
+    except ConfigError as error:
+        raise ClusterError(str(error)) from None
+    if settings is None:
+        return None
+    if cli_region and cli_region != settings.region:
+        raise ClusterError(
+            f"--region {cli_region} contradicts {settings_path(cluster_name, root).name} (region: "
+            f"{settings.region}); allowed: leave --region out, or --region {settings.region}"
+        )
+    return settings.region
+
+
+def cmd_deploy(cluster: Cluster, args: argparse.Namespace) -> int:
+    from scripts.cluster_lib.deploy import deploy
+
+    return deploy(
+        cluster.clients.cloudformation,
+        cluster.cluster_name,
+        allow_disruption=args.allow_disruption,
+        dry_run=args.dry_run,
+        out=out,
     )
 
 
@@ -590,6 +645,7 @@ def dispatch(
         "shell": lambda: cmd_shell(cluster, args),
         "roll": lambda: (cluster.roll(force=args.force, wait=args.wait), 0)[1],
         "export": lambda: cmd_export(cluster, args),
+        "deploy": lambda: cmd_deploy(cluster, args),
     }
     return handlers[args.command]()
 

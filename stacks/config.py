@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from stacks.bucket_names import bucket_name_problem
 from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES, InstanceTypeSpec
 
 #: The default `ami`: the Neuron DLAMI of the training release named under `image` in
@@ -183,6 +184,18 @@ class ClusterConfig:
         24, f"1 to {NODE_WAIT_MAX_HOURS} (hours a job waits for a full set of nodes)"
     )
 
+    # Kept data adopted by a new deploy: the buckets a destroyed cluster of this name kept
+    # (retain_data=true), imported by the storage stack instead of new, empty buckets, so that
+    # the next cluster sees the old data and jobs (docs/deploy.md, "Deploying again").
+    #: The data bucket to adopt (linked to /fsx/data), or empty: the stack creates one.
+    data_bucket_name: str = _setting(
+        "", "the name of an existing S3 bucket in the region (a kept data bucket), or empty"
+    )
+    #: The checkpoint bucket to adopt (linked to /fsx/jobs), or empty: the stack creates one.
+    checkpoint_bucket_name: str = _setting(
+        "", "the name of an existing S3 bucket in the region (a kept checkpoint bucket), or empty"
+    )
+
     #: The facts of instance_type, from stacks/instance_types.py.
     instance: InstanceTypeSpec = field(init=False, repr=False, compare=False)
 
@@ -271,6 +284,21 @@ class ClusterConfig:
         self._require(
             1 <= self.node_wait_hours <= NODE_WAIT_MAX_HOURS, "node_wait_hours", "out of range"
         )
+        self._check_adopted_buckets()
+
+    def _check_adopted_buckets(self) -> None:
+        """Adopted bucket names: S3's naming rules (stacks/bucket_names.py), two buckets."""
+        for key in ("data_bucket_name", "checkpoint_bucket_name"):
+            name = getattr(self, key)
+            problem = bucket_name_problem(name) if name else None
+            if problem:
+                raise ConfigError(f"{key}={name!r} is {problem}; allowed: {_allowed(key)}")
+        if self.data_bucket_name and self.data_bucket_name == self.checkpoint_bucket_name:
+            raise ConfigError(
+                f"data_bucket_name and checkpoint_bucket_name are both {self.data_bucket_name}: "
+                "/fsx/data and /fsx/jobs would link to one bucket's root; allowed: the two "
+                "different buckets a cluster kept"
+            )
 
     def _check_capacity(self, az_id_given: bool) -> None:
         """Reservations, Capacity Blocks and placement groups: only combinations that launch."""

@@ -74,12 +74,22 @@ def retention(days: int) -> logs.RetentionDays:
 def execution_log_group(
     scope: Construct, state_machine_name: str, *, config: ClusterConfig, key: kms.IKey
 ) -> logs.LogGroup:
-    """A state machine's execution log group (construct ID ExecutionLogGroup). The vended-logs
-    prefix keeps Step Functions log delivery's resource policy small."""
+    """A state machine's execution log group (construct ID ExecutionLogGroup).
+
+    Its name keeps the `/aws/vendedlogs/states/` prefix: Step Functions adds each log group it
+    logs to into the account's CloudWatch Logs resource policy, which is limited to 5,120
+    characters, unless the name starts with /aws/vendedlogs/ (Step Functions developer guide,
+    "Avoiding Amazon CloudWatch Logs resource policy size restrictions", bp-cwl.html). The
+    group is kept on destroy with retain_data (the executions' record outlives the cluster), so
+    its name must differ between deploys of the same cluster: a kept group with a fixed name
+    makes the next create of the stack fail (AlreadyExists; LogGroupName is the primary
+    identifier of AWS::Logs::LogGroup). The suffix is the UUID of the stack's ID, new at every
+    create of the stack and the same across its updates."""
+    stack_uuid = cdk.Fn.select(2, cdk.Fn.split("/", cdk.Aws.STACK_ID))
     return logs.LogGroup(
         scope,
         "ExecutionLogGroup",
-        log_group_name=f"/aws/vendedlogs/states/{state_machine_name}",
+        log_group_name=f"/aws/vendedlogs/states/{state_machine_name}-{stack_uuid}",
         retention=retention(config.log_retention_days),
         encryption_key=key,
         removal_policy=cdk.RemovalPolicy.RETAIN

@@ -28,6 +28,7 @@ from constructs import Construct
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
 from stacks.job_queue import JobDispatcher, queue_table
 from stacks.log_groups import allow_cloudwatch_logs, retention
+from stacks.settings_file import settings_record
 from stacks.storage import StorageStack
 from stacks.supervisor import JobSupervisor
 
@@ -402,6 +403,9 @@ class OperationsStack(cdk.Stack):
             "JobQueueTableName": self.queue_table.table_name,
             "JobDispatcherArn": self.dispatcher.state_machine.state_machine_arn,
             "DashboardName": self.dashboard.dashboard_name,
+            # The settings this deploy was made with (stacks/settings_file.py): what
+            # `trainium-cluster deploy` compares the cluster's settings file with.
+            "Settings": settings_record(config),
         }
         for key, value in values.items():
             cdk.CfnOutput(self, key, value=value)

@@ -90,21 +90,29 @@ class ClusterBuckets(Construct):
             "Log objects are written once by the S3 logging service and never overwritten.",
         )
 
-        self.data_bucket = self._bucket(
-            "DataBucket",
-            config=config,
-            log_prefix="data/",
-            versioned=True,
-            noncurrent_days=30,
-            removal=removal,
+        self.data_bucket: s3.IBucket = (
+            self._adopt("DataBucket", config.data_bucket_name)
+            if config.data_bucket_name
+            else self._bucket(
+                "DataBucket",
+                config=config,
+                log_prefix="data/",
+                versioned=True,
+                noncurrent_days=30,
+                removal=removal,
+            )
         )
-        self.checkpoint_bucket = self._bucket(
-            "CheckpointBucket",
-            config=config,
-            log_prefix="checkpoints/",
-            versioned=True,
-            noncurrent_days=14,
-            removal=removal,
+        self.checkpoint_bucket: s3.IBucket = (
+            self._adopt("CheckpointBucket", config.checkpoint_bucket_name)
+            if config.checkpoint_bucket_name
+            else self._bucket(
+                "CheckpointBucket",
+                config=config,
+                log_prefix="checkpoints/",
+                versioned=True,
+                noncurrent_days=14,
+                removal=removal,
+            )
         )
         # A cache: rebuilt by compiling again, so neither versioned nor kept on destroy. The
         # nodes never use it directly: it is the durable copy behind /fsx/neuron-compile-cache
@@ -131,6 +139,8 @@ class ClusterBuckets(Construct):
             self.checkpoint_bucket,
             self.compile_cache_bucket,
         ):
+            if not isinstance(bucket, s3.Bucket):
+                continue  # adopted: not this stack's resource
             acknowledge(
                 bucket,
                 "NIST.800.53.R5-S3BucketReplicationEnabled",
@@ -143,6 +153,26 @@ class ClusterBuckets(Construct):
         log_policy = self.access_log_bucket.policy
         assert log_policy is not None  # enforce_ssl made it
         log_policy.apply_removal_policy(cdk.RemovalPolicy.RETAIN)
+
+    def _adopt(self, construct_id: str, bucket_name: str) -> s3.IBucket:
+        """A bucket that a destroyed cluster kept (data_bucket_name, checkpoint_bucket_name),
+        imported by name: the stack neither creates nor deletes it, whatever retain_data says,
+        and its contents, versioning, lifecycle rules and access logging stay as the stack that
+        created it left them. Its bucket policy went with that stack (the policy is no kept
+        resource), so this stack writes the same TLS-only policy again (`enforce_ssl`'s
+        statement); it replaces any policy the bucket has."""
+        bucket = s3.Bucket.from_bucket_name(self, construct_id, bucket_name)
+        policy = s3.BucketPolicy(self, f"{construct_id}Policy", bucket=bucket)
+        policy.document.add_statements(
+            iam.PolicyStatement(
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:*"],
+                resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+                conditions={"Bool": {"aws:SecureTransport": "false"}},
+            )
+        )
+        return bucket
 
     def _bucket(
         self,
@@ -410,9 +440,11 @@ class StorageStack(cdk.Stack):
         }
         for bucket, reason in reasons.items():
             cfn_bucket = bucket.node.default_child
-            assert isinstance(cfn_bucket, s3.CfnBucket)
-            logical_id = self.get_logical_id(cfn_bucket)
-            acknowledge(policy, f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>/*]", reason)
+            if isinstance(cfn_bucket, s3.CfnBucket):
+                resource = f"<{self.get_logical_id(cfn_bucket)}.Arn>/*"
+            else:  # adopted: its ARN is literal text (the region's partition resolved)
+                resource = str(self.resolve(bucket.arn_for_objects("*")))
+            acknowledge(policy, f"AwsSolutions-IAM5[Resource::{resource}]", reason)
         return policy
 
     @property

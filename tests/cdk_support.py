@@ -184,6 +184,14 @@ ODCR_SETTINGS: dict[str, str] = {
 }
 
 
+#: A cluster deployed again after a destroy: it adopts the data and checkpoint buckets the
+#: earlier cluster of the same name kept (names as CloudFormation generates them).
+ADOPTED_BUCKETS_SETTINGS: dict[str, str] = {
+    "data_bucket_name": "trainium-storage-bucketsdatabucket44451dc7-1a2b3c4d5e6f",
+    "checkpoint_bucket_name": "trainium-storage-bucketscheckpointbucket6455f5c4-6f5e4d3c2b1a",
+}
+
+
 def alternative() -> Synth:
     return synth(**ALTERNATIVE_SETTINGS)
 
@@ -195,13 +203,15 @@ def odcr() -> Synth:
 def matrix_settings() -> dict[str, dict[str, str]]:
     """Every configuration the stack tests synthesize, by name, with the same overrides (and so
     the same cached synth) as tests/test_stacks_matrix.py: each cluster instance type in the
-    first region that offers it, the default, the alternative and ODCR modes, the largest."""
+    first region that offers it, the default, the alternative and ODCR modes, a cluster that
+    adopts kept buckets, the largest."""
     from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES
 
     settings: dict[str, dict[str, str]] = {
         "default": {},
         "capacity-block-endpoints": ALTERNATIVE_SETTINGS,
         "odcr-placement-group": ODCR_SETTINGS,
+        "adopted-buckets": ADOPTED_BUCKETS_SETTINGS,
     }
     for name in CLUSTER_INSTANCE_TYPES:
         spec = INSTANCE_TYPES[name]
