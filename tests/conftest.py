@@ -47,6 +47,9 @@ SYNTH_MODULES = (
     "test_ec2_shapes",
     "test_node_image",
     "test_cdk_cli",
+    "test_settings_changes",
+    "test_cluster_deploy",
+    "test_redeploy_resume",
 )
 
 #: Modules whose module-scoped fixture runs a job (a reference training run, a benchmark, a wheel
