@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,10 @@ from tests.node_support import (
     document_command,
     errors,
     free_port,
+    loopback_address,
     real_torchrun,
     trainium_devices,
+    unique_job_id,
 )
 
 
@@ -416,8 +417,9 @@ def test_nothing_of_the_job_survives_the_agents_sigkill_of_the_process_group(
     (aws/amazon-ssm-agent agent/executers/executers_unix.go): no trap runs. torchrun's
     workers sit in sessions of their own; the leg's watchdog must end them."""
     env = real_torchrun(node)
+    job = unique_job_id("cancelled")
     launch = subprocess.Popen(
-        ["sh", "-c", f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id cancelled "
+        ["sh", "-c", f"bash {NODE / 'launch.sh'} --hosts {node.loopback} --job-id {job} "
          f"--nproc-per-node 2 --master-port {free_port()} --code-dir {node.code}"],
         env=node.env(**env), process_group=0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -430,12 +432,12 @@ def test_nothing_of_the_job_survives_the_agents_sigkill_of_the_process_group(
         # A process in the middle of exiting has no environment to read any more but is not a
         # zombie yet: wait for the workers themselves too, not only for the tagged processes.
         wait_for(
-            lambda: not job_processes("cancelled") and not any(alive(pid) for pid in workers),
+            lambda: not job_processes(job) and not any(alive(pid) for pid in workers),
             30,
             "the job's processes to end",
         )
     finally:
-        for pid in job_processes("cancelled"):
+        for pid in job_processes(job):
             os.kill(pid, signal.SIGKILL)
         if launch.poll() is None:
             os.killpg(launch.pid, signal.SIGKILL)
@@ -449,14 +451,14 @@ def test_a_leg_ends_itself_before_the_time_limit_with_a_checkpoint(node: FakeNod
     asked once it handles SIGTERM, saves, and the leg ends with 75, however late torchrun
     started it. Asked earlier, it would have died of the signal; asked only when the timer
     fired, never."""
-    job = f"long-{uuid.uuid4().hex[:8]}"
+    job = unique_job_id("long")
     gate = node.root / "handler-gate"
     env = {**real_torchrun(node), "WORKER_HANDLER_AFTER": str(gate)}
     output_path = node.root / "launch.out"
     start = time.monotonic()
     with output_path.open("w") as output_file:
         launch = subprocess.Popen(
-            ["bash", str(NODE / "launch.sh"), "--hosts", "127.0.0.1", "--job-id", job,
+            ["bash", str(NODE / "launch.sh"), "--hosts", node.loopback, "--job-id", job,
              "--nproc-per-node", "1", "--master-port", str(free_port()),
              "--time-limit", "30", "--stop-grace", "28", "--code-dir", str(node.code)],
             stdout=output_file, stderr=subprocess.STDOUT, text=True, env=node.env(**env),
@@ -493,7 +495,7 @@ def start_job(node: FakeNode, job: str, **extra: str) -> subprocess.Popen[str]:
     both workers run."""
     env = {**real_torchrun(node), "WORKER_SAVE_SECONDS": str(LONG_SAVE_SECONDS), **extra}
     launch = subprocess.Popen(
-        ["bash", str(NODE / "launch.sh"), "--hosts", "127.0.0.1", "--job-id", job,
+        ["bash", str(NODE / "launch.sh"), "--hosts", node.loopback, "--job-id", job,
          "--nproc-per-node", "2", "--master-port", str(free_port()), "--code-dir", str(node.code)],
         env=node.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -515,34 +517,36 @@ def saves_done(node: FakeNode) -> dict[int, bool]:
 
 @pytest.mark.slow
 def test_stop_gives_the_trainers_their_whole_grace_to_save(node: FakeNode) -> None:
-    launch = start_job(node, "saving")
+    job = unique_job_id("saving")
+    launch = start_job(node, job)
     try:
-        result = node.run("stop.sh", "--job-id", "saving", "--grace", "120",
-                          "--node-address", "127.0.0.1")  # fmt: skip
+        result = node.run("stop.sh", "--job-id", job, "--grace", "120",
+                          "--node-address", node.loopback)  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert saves_done(node) == dict.fromkeys(worker_pids(node), True), (
             f"a {LONG_SAVE_SECONDS}-s save was cut short under a 120-s grace: {result.stderr}"
         )
         output, _ = launch.communicate(timeout=60)
         assert launch.returncode == 0, output
-        assert not job_processes("saving")
+        assert not job_processes(job)
         assert "sending SIGKILL" not in result.stderr
     finally:
-        end_job("saving", launch)
+        end_job(job, launch)
 
 
 @pytest.mark.slow
 def test_a_term_to_launch_gives_the_trainers_the_stop_grace_to_save(node: FakeNode) -> None:
-    launch = start_job(node, "termed")
+    job = unique_job_id("termed")
+    launch = start_job(node, job)
     try:
         launch.send_signal(signal.SIGTERM)
         output, _ = launch.communicate(timeout=LONG_SAVE_SECONDS + 60)
         assert saves_done(node) == dict.fromkeys(worker_pids(node), True), output
         assert "asked to stop" in output
         assert launch.returncode == 0, output
-        assert not job_processes("termed")
+        assert not job_processes(job)
     finally:
-        end_job("termed", launch)
+        end_job(job, launch)
 
 
 @pytest.mark.slow
@@ -550,10 +554,11 @@ def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None
     """The OOM killer's SIGKILL to torchrun leaves its workers running in sessions of their
     own (start_new_session=True); launch.sh stops them before it exits, not a watchdog
     some time after, and reports 1, not the 137 the agent would read as a time-out."""
-    launch = start_job(node, "oom", WORKER_SAVE_SECONDS="5")
+    job = unique_job_id("oom")
+    launch = start_job(node, job, WORKER_SAVE_SECONDS="5")
     try:
         workers = worker_pids(node)
-        (torchrun,) = [pid for pid in job_processes("oom") if pid not in workers and
+        (torchrun,) = [pid for pid in job_processes(job) if pid not in workers and
                        "torchrun" in Path(f"/proc/{pid}/cmdline").read_text()]  # fmt: skip
         os.kill(torchrun, signal.SIGKILL)
         assert launch.wait(timeout=120) == 1
@@ -563,7 +568,7 @@ def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None
         assert "torchrun ended with status 137 (killed by SIGKILL: out of memory?" in output
         assert "stopped the processes torchrun left running (it ended with status 137)" in output
     finally:
-        end_job("oom", launch)
+        end_job(job, launch)
 
 
 # A trainer that needs as many descriptors as a gloo group over a world of 40 trn1.32xlarge
@@ -617,7 +622,7 @@ def test_a_job_past_1024_open_files_runs_when_started_as_the_agent_starts_it(
     }
     (node.workload / "train.py").write_text(GLOO_WORKER)
     command = document_command("RunTraining", {
-        "Hosts": "127.0.0.1", "JobId": "nofile", "NprocPerNode": "2",
+        "Hosts": node.loopback, "JobId": unique_job_id("nofile"), "NprocPerNode": "2",
         "MasterPort": str(free_port()), "CodeSnapshot": node.snapshot(),
     })  # fmt: skip
     script = start_script(command, node.root / "agent", env)
@@ -669,9 +674,10 @@ def test_launch_refuses_a_bad_time_limit(node: FakeNode, args: list[str], messag
 
 
 def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> None:
-    leftover = tagged("an-older-job")
+    leftover = tagged(unique_job_id("an-older-job"), node.loopback)
     try:
-        result = node.run("launch.sh", *ONE, "--nproc-per-node", "1")
+        result = node.run("launch.sh", "--hosts", node.loopback, "--job-id", unique_job_id("j"),
+                          "--nproc-per-node", "1", FAKE_LOOPBACK=node.loopback)  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert leftover.wait(timeout=60) == -signal.SIGTERM
         assert "stopped processes left over from an earlier job or attempt" in result.stdout
@@ -682,10 +688,12 @@ def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> No
 
 
 # --------------------------------------------------------------------------------- stop
-def tagged(job: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
-    """A process tagged the way launch.sh tags a job's processes, returned once it is ready:
-    its trap set (and its child started) when it ignores SIGTERM."""
-    env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": "10.1.0.12"}
+def tagged(job: str, address: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
+    """A process tagged the way launch.sh tags a job's processes on the node at `address`,
+    returned once it is ready: its trap set (and its child started) when it ignores SIGTERM.
+    Job and address are the test's own (unique_job_id, loopback_address): launch.sh and
+    stop.sh in another test run on this machine stop processes by those tags."""
+    env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": address}
     script = (
         "trap '' TERM; sleep 300 & echo ready; wait"
         if ignore_term
@@ -697,18 +705,19 @@ def tagged(job: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
 
 
 def test_stop_ends_only_the_jobs_processes(node: FakeNode) -> None:
-    target = tagged("bert-1")
-    stubborn = tagged("bert-1", ignore_term=True)
-    other = tagged("bert-2")
+    job, address = unique_job_id("bert-1"), loopback_address()
+    target = tagged(job, address)
+    stubborn = tagged(job, address, ignore_term=True)
+    other = tagged(unique_job_id("bert-2"), address)
     try:
-        result = node.run("stop.sh", "--job-id", "bert-1", "--grace", "2")
+        result = node.run("stop.sh", "--job-id", job, "--grace", "2")
         assert result.returncode == 0, result.stderr
         assert target.wait(timeout=60) == -signal.SIGTERM
         assert stubborn.wait(timeout=60) == -signal.SIGKILL
         assert other.poll() is None
         assert "sending SIGKILL to processes still running after 2 s" in result.stderr
-        again = node.run("stop.sh", "--job-id", "bert-1")
-        assert "job bert-1 has no running processes on this node" in again.stderr
+        again = node.run("stop.sh", "--job-id", job)
+        assert f"job {job} has no running processes on this node" in again.stderr
     finally:
         for process in (target, stubborn, other):
             if process.poll() is None:
@@ -894,12 +903,14 @@ def launch_argparse_worker(
         else {
             "PATH": f"{node.bin}:{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin:/sbin",
             "WORKER_DIR": str(node.root),
+            "FAKE_LOOPBACK": node.loopback,
         }
     )
     (node.workload / "train.py").write_text(ARGPARSE_WORKER)
     command = (
-        f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id {job} --nproc-per-node {nproc} "
-        f"--master-port {free_port()} --code-dir {node.code} -- {' '.join(train_args)}"
+        f"bash {NODE / 'launch.sh'} --hosts {node.loopback} --job-id {job} "
+        f"--nproc-per-node {nproc} --master-port {free_port()} --code-dir {node.code} "
+        f"-- {' '.join(train_args)}"
     )
     return subprocess.run(
         ["sh", "-c", command], capture_output=True, text=True, env=node.env(**env, **extra),
@@ -918,14 +929,15 @@ def test_a_trainer_that_refuses_its_flags_is_reported_as_the_input_error_2(
     Before, the job's bad flag was reported as 1 and retried."""
     from scripts.rehearsal.ssm_agent.runscript import plugin_output
 
-    result = launch_argparse_worker(node, "bad-flag", "--bogus", "3")
+    job = unique_job_id("bad-flag")
+    result = launch_argparse_worker(node, job, "--bogus", "3")
     assert result.returncode == 2, result.stdout + result.stderr
-    log = (node.fsx / "jobs" / "bad-flag" / "logs" / "node-0-127.0.0.1.log").read_text()
+    log = (node.fsx / "jobs" / job / "logs" / f"node-0-{node.loopback}.log").read_text()
     assert "torchrun failed with status 1 on node rank 0" in result.stdout
     assert "exitcode  : 2 (pid:" in log  # torchrun's own report
     assert "exited with status 2 (torchrun's root cause); reporting 2" in result.stdout
     said = (
-        "job bad-flag: input error (status 2) on node rank 0: train.py: error: "
+        f"job {job}: input error (status 2) on node rank 0: train.py: error: "
         "unrecognized arguments: --bogus 3"
     )
     # The agent's stderr ends with the one line (no newline after it); launch.sh's lines
@@ -942,7 +954,7 @@ def test_a_trainers_own_status_passes_and_a_signal_does_not(node: FakeNode) -> N
     statuses the agent reads itself stay 1 (194), as does a worker's 75 (launch.sh's leg end
     alone reports 75). Nothing goes to stderr but for the input error."""
     for worker, reported in ((5, 5), (75, 1), (194, 1)):
-        result = launch_argparse_worker(node, f"status-{worker}", nproc=1,
+        result = launch_argparse_worker(node, unique_job_id(f"status-{worker}"), nproc=1,
                                         WORKER_EXIT=str(worker))  # fmt: skip
         assert result.returncode == reported, result.stdout
         assert "input error" not in result.stderr
