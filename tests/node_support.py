@@ -129,6 +129,8 @@ class FakeNode:
             TRAINIUM_STATE_DIR=str(self.state),
             TRAINIUM_LOG_DIR=str(self.logs),
             TRAINIUM_CODE_CACHE=str(self.root / "code-cache"),
+            TRAINIUM_ENV_CACHE=str(self.root / "env-cache"),
+            TRAINIUM_PRECOMPILE_DIR=str(self.root / "precompile"),
         )
         env.update(extra)
         return env

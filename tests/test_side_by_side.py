@@ -10,6 +10,7 @@ machine's ports. So each run's job IDs, node addresses and ports must be its own
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from scripts.rehearsal import ports
 from scripts.rehearsal.direct import PREFLIGHT_PORT_OFFSETS, Rehearsal
 from scripts.rehearsal.fleet import SimulatedHosts
 from scripts.rehearsal.hosts import LoopbackHosts, job_processes
-from tests.node_support import FakeNode, loopback_address, unique_job_id
+from tests.node_support import NODE, FakeNode, loopback_address, unique_job_id
 
 
 def tagged(job: str, address: str) -> subprocess.Popen[str]:
@@ -150,3 +151,31 @@ def test_a_port_in_use_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(ports, "ephemeral_low", lambda: 65535)
         monkeypatch.setattr(ports._random, "randrange", lambda *_: next(draws))
         assert ports.free_port(1) == taken + 5
+
+
+#: The folders the node scripts write by default outside a test's own (a node's /var).
+NODE_DEFAULTS = re.compile(r"\$\{(TRAINIUM_[A-Z_]+):-(/var/[^}]*)\}")
+
+
+def node_folders() -> dict[str, str]:
+    """Every TRAINIUM_* variable whose default is a folder under /var, in scripts/node/*.sh."""
+    found: dict[str, str] = {}
+    for script in sorted(NODE.glob("*.sh")):
+        found.update(NODE_DEFAULTS.findall(script.read_text()))
+    return found
+
+
+def test_test_nodes_and_rehearsal_nodes_write_only_their_own_folders(tmp_path: Path) -> None:
+    """The caches, state, logs and the precompile scratch of a node (/var/cache, /var/lib,
+    /var/log, /var/tmp on a real one) are the test node's or the rehearsal's own, never
+    the machine's, which another run would share."""
+    folders = node_folders()
+    assert {"TRAINIUM_STATE_DIR", "TRAINIUM_ENV_CACHE", "TRAINIUM_PRECOMPILE_DIR"} <= set(folders)
+    (tmp_path / "node").mkdir()
+    node_env = FakeNode(tmp_path / "node").env()
+    rehearsal_env = Rehearsal(LoopbackHosts(1), tmp_path / "r", echo=None).env
+    for name, env, root in (("FakeNode", node_env, tmp_path / "node"),
+                            ("Rehearsal", rehearsal_env, tmp_path / "r")):  # fmt: skip
+        for variable, default in folders.items():
+            assert variable in env, f"{name} leaves {variable} at {default}"
+            assert Path(env[variable]).is_relative_to(root), (name, variable, env[variable])

@@ -187,6 +187,8 @@ class Rehearsal:
             TRAINIUM_LOG_DIR=str(self.node_dir / "log"),
             # The nodes share this machine: one cache of unpacked code snapshots (job_code.sh).
             TRAINIUM_CODE_CACHE=str(self.node_dir / "code"),
+            TRAINIUM_ENV_CACHE=str(self.node_dir / "envs"),
+            TRAINIUM_PRECOMPILE_DIR=str(self.node_dir / "precompile"),
             # Each node gets one process; keep each from taking every core for itself.
             OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
             TOKENIZERS_PARALLELISM="false",

@@ -181,7 +181,9 @@ class SimulatedInstances(Instances):
                 "TRAINIUM_CLUSTER_ENV": str(root / "cluster.env"),
                 "TRAINIUM_STATE_DIR": str(root / "state"),
                 "TRAINIUM_LOG_DIR": str(root / "log"),
-                "TRAINIUM_CODE_CACHE": str(root / "code-cache")}  # fmt: skip
+                "TRAINIUM_CODE_CACHE": str(root / "code-cache"),
+                "TRAINIUM_ENV_CACHE": str(root / "env-cache"),
+                "TRAINIUM_PRECOMPILE_DIR": str(root / "precompile")}  # fmt: skip
 
     def terminate(self, instance: Instance) -> None:
         instance.state = "terminated"
