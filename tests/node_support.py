@@ -71,9 +71,24 @@ def trainium_devices(count: int = 16, cores: int = 2, busy: bool = False) -> lis
     ]  # fmt: skip
 
 
+def _process_address() -> str:
+    """10.2.X.Y, drawn once per test process (see NODE_ADDRESS)."""
+    value = secrets.randbelow(256 * 250)
+    return f"10.2.{value // 250}.{value % 250 + 2}"
+
+
+#: A node address of this test process's own (10.2.X.Y) for test nodes that run launch.sh:
+#: launch.sh first stops whatever any job left on its node address (scripts/node/lib.sh
+#: job_pids "*"), so two test processes on one machine (two runs, two pytest-xdist workers)
+#: must not share one; the tests of one process run one at a time.
+NODE_ADDRESS = _process_address()
+
+
 class FakeNode:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, address: str = "10.1.0.12") -> None:
+        """`address`: the node's own address (fake `ip`'s ens5), unless FAKE_ADDRESS says."""
         self.root = root
+        self.address = address
         self.bin = root / "bin"
         self.bin.mkdir()
         self.state = root / "state"
@@ -131,6 +146,7 @@ class FakeNode:
             TRAINIUM_CODE_CACHE=str(self.root / "code-cache"),
             TRAINIUM_ENV_CACHE=str(self.root / "env-cache"),
             TRAINIUM_PRECOMPILE_DIR=str(self.root / "precompile"),
+            FAKE_ADDRESS=self.address,
         )
         env.update(extra)
         return env

@@ -21,6 +21,7 @@ from scripts.rehearsal.ssm_agent import agent_environment
 from scripts.rehearsal.ssm_agent.runscript import plugin_result, start_script
 from tests.node_support import (
     NODE,
+    NODE_ADDRESS,
     REPO_ROOT,
     FakeNode,
     document_command,
@@ -32,10 +33,13 @@ from tests.node_support import (
     unique_job_id,
 )
 
+#: The test node's address: this test process's own (NODE_ADDRESS says why).
+ADDRESS = NODE_ADDRESS
+
 
 @pytest.fixture
 def node(tmp_path: Path) -> FakeNode:
-    return FakeNode(tmp_path)
+    return FakeNode(tmp_path, address=ADDRESS)
 
 
 # --------------------------------------------------------------------------- shellcheck
@@ -64,7 +68,7 @@ def test_help_prints_the_usage(script: str, node: FakeNode) -> None:
 # ------------------------------------------------------------------------------- launch
 def test_launch_finds_its_rank_from_its_own_address(node: FakeNode) -> None:
     result = node.run(
-        "launch.sh", "--hosts", "10.1.0.5,10.1.0.12,10.1.0.40", "--job-id", "bert-1",
+        "launch.sh", "--hosts", f"10.1.0.5,{ADDRESS},10.1.0.40", "--job-id", "bert-1",
         "--nproc-per-node", "2", "--dry-run", "--", "--model", "tiny",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -95,23 +99,24 @@ def test_launch_takes_an_explicit_node_address(node: FakeNode) -> None:
     assert "GLOO_SOCKET_IFNAME=lo" in result.stdout
 
 
-ONE = ["--hosts", "10.1.0.12", "--job-id", "j"]
+ONE = ["--hosts", ADDRESS, "--job-id", "j"]
 BAD_INPUT = [
     (["--job-id", "j"],
      "--hosts is required: the comma-separated addresses of all nodes, master first"),
-    (["--hosts", "10.1.0.12"], "--job-id is required"),
-    (["--hosts", "10.1.0.12", "--job-id", "a;b"],
+    (["--hosts", ADDRESS], "--job-id is required"),
+    (["--hosts", ADDRESS, "--job-id", "a;b"],
      "--job-id 'a;b' is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
      "starting with a letter or digit"),
-    (["--hosts", "10.1.0.12,10.1.0.12", "--job-id", "j"],
-     "--hosts lists 10.1.0.12 twice: every node must appear once"),
-    (["--hosts", "10.1.0.12,node-b", "--job-id", "j"],
+    (["--hosts", f"{ADDRESS},{ADDRESS}", "--job-id", "j"],
+     f"--hosts lists {ADDRESS} twice: every node must appear once"),
+    (["--hosts", f"{ADDRESS},node-b", "--job-id", "j"],
      "--hosts entry 'node-b' is not an IPv4 address: give the nodes' private addresses, "
      "comma separated"),
     (["--hosts", "10.9.9.1,10.9.9.2", "--job-id", "j"],
-     "none of --hosts (10.9.9.1 10.9.9.2) is an address of this node (127.0.0.1,10.1.0.12); "
+     f"none of --hosts (10.9.9.1 10.9.9.2) is an address of this node (127.0.0.1,{ADDRESS}); "
      "pass --node-address"),
-    ([*ONE, "--node-address", "10.1.0.13"], "--node-address 10.1.0.13 is not in --hosts 10.1.0.12"),
+    ([*ONE, "--node-address", "10.1.0.13"],
+     f"--node-address 10.1.0.13 is not in --hosts {ADDRESS}"),
     ([*ONE, "--master-port", "99999"],
      "--master-port '99999' is not a TCP port: use a number from 1 to 65535"),
     ([*ONE, "--nproc-per-node", "many"],
@@ -142,19 +147,19 @@ def test_launch_refuses_bad_input_with_one_line(
 
 def test_launch_on_trainium_sets_the_efa_and_neuron_environment(node: FakeNode) -> None:
     node.trainium()
-    result = node.run("launch.sh", "--hosts", "10.1.0.12,10.1.0.40", "--job-id", "bert-1",
+    result = node.run("launch.sh", "--hosts", f"{ADDRESS},10.1.0.40", "--job-id", "bert-1",
                       "--master-port", "41000", "--", "--model", "tiny")  # fmt: skip
     assert result.returncode == 0, result.stderr
     args = node.torchrun_args()
     assert args[:10] == [
-        "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.1.0.12", "--master_port",
+        "--nnodes", "2", "--node_rank", "0", "--master_addr", ADDRESS, "--master_port",
         "41000", "--nproc_per_node", "32",
     ]  # fmt: skip
     env = node.torchrun_env()
     assert env["FI_PROVIDER"] == "efa"
     assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env["FI_EFA_FORK_SAFE"] == "1"
-    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:41001"
+    assert env["NEURON_RT_ROOT_COMM_ID"] == f"{ADDRESS}:41001"
     assert env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"
     assert env["NEURON_COMPILE_CACHE_URL"] == f"{node.fsx}/neuron-compile-cache"
     assert env["MALLOC_ARENA_MAX"] == "64"
@@ -190,7 +195,7 @@ def test_auto_starts_one_process_per_logical_neuron_core(
     node: FakeNode, devices: list[dict[str, Any]], processes: int
 ) -> None:
     node.trainium(devices)
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--dry-run")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert f"--nproc_per_node {processes} " in result.stdout
 
@@ -199,7 +204,7 @@ def test_neuron_cc_flags_can_be_overridden(node: FakeNode) -> None:
     node.trainium()
     node.settings["NEURON_CC_FLAGS"] = "--model-type=transformer --auto-cast=none --optlevel=1"
     node.write_env()
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j")
     assert result.returncode == 0, result.stderr
     # ... but a failed entry in the shared compile cache is always compiled again.
     assert (
@@ -208,18 +213,18 @@ def test_neuron_cc_flags_can_be_overridden(node: FakeNode) -> None:
     )
     node.settings["NEURON_CC_FLAGS"] = "--retry_failed_compilation --optlevel=1"
     node.write_env()
-    assert node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j").returncode == 0
+    assert node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j").returncode == 0
     assert node.torchrun_env()["NEURON_CC_FLAGS"] == "--retry_failed_compilation --optlevel=1"
 
 
 def test_launch_refuses_more_processes_than_neuron_cores(node: FakeNode) -> None:
     node.trainium(trainium_devices(count=1, cores=2))
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "4")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "4")
     assert errors(result) == ["--nproc-per-node 4 exceeds the 2 NeuronCores of this node"]
 
 
 def test_launch_elsewhere_leaves_neuron_variables_unset(node: FakeNode) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "2")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "2")
     assert result.returncode == 0, result.stderr
     env = node.torchrun_env()
     assert not [
@@ -230,7 +235,7 @@ def test_launch_elsewhere_leaves_neuron_variables_unset(node: FakeNode) -> None:
 
 def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: FakeNode) -> None:
     values = {
-        "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
+        "Hosts": f"{ADDRESS},10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
         "NprocPerNode": "2", "TrainArgs": "--data /fsx/data/imdb --model tiny --max-steps 5",
     }  # fmt: skip
     result = node.run_document("RunTraining", values)
@@ -238,7 +243,7 @@ def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: Fake
     assert node.torchrun_args()[10:] == [
         "-m", "workload.train", "--data", "/fsx/data/imdb", "--model", "tiny", "--max-steps", "5",
     ]  # fmt: skip
-    log = (node.fsx / "jobs" / "bert-1" / "logs" / "node-0-10.1.0.12.log").read_text()
+    log = (node.fsx / "jobs" / "bert-1" / "logs" / f"node-0-{ADDRESS}.log").read_text()
     assert "fake torchrun on rank 0" in log
     assert "job bert-1: torchrun finished on node rank 0" in log
     assert (node.logs / "jobs" / "bert-1.log").read_text() == log
@@ -246,11 +251,11 @@ def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: Fake
 
 @pytest.mark.parametrize("status", [0, 1, 3, 4])
 def test_launch_passes_on_the_contracts_exit_statuses(node: FakeNode, status: int) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1",
                       FAKE_TORCHRUN_EXIT=str(status))  # fmt: skip
     assert result.returncode == status
     if status:
-        assert f"job j: torchrun failed with status {status} on node rank 0 (10.1.0.12)" in (
+        assert f"job j: torchrun failed with status {status} on node rank 0 ({ADDRESS})" in (
             result.stdout
         )
     assert "reporting 1" not in result.stdout + result.stderr
@@ -289,7 +294,7 @@ def test_a_failed_compile_is_named_by_its_compile_cache_entry(node: FakeNode) ->
     looked_up.mkdir(parents=True)
     (looked_up / "model.hlo_module.pb").write_bytes(b"")
     node.tool("torchrun", FAILED_COMPILES)
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node",
                       "1", CACHE=str(cache))  # fmt: skip
     assert result.returncode == 1, result.stdout
     named = [
@@ -309,7 +314,7 @@ def test_a_failed_compile_is_named_by_its_compile_cache_entry(node: FakeNode) ->
     log = (node.logs / "jobs" / "j.log").read_text()
     assert all(f"its compile cache entry: {entry}" in log for entry in named)
     node.tool("torchrun", "#!/usr/bin/env bash\necho 'a failure of another kind'\nexit 1\n")
-    again = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+    again = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node",
                      "1", CACHE=str(cache))  # fmt: skip
     assert again.returncode == 1
     # The job's log keeps the first leg's three lines (the agent's tail shows them too), and
@@ -334,7 +339,7 @@ ODD_STATUSES = [
 def test_launch_reports_any_other_status_of_torchrun_as_1(
     node: FakeNode, status: int, meaning: str
 ) -> None:
-    values = {"Hosts": "10.1.0.12", "JobId": "j", "NprocPerNode": "1"}
+    values = {"Hosts": ADDRESS, "JobId": "j", "NprocPerNode": "1"}
     result = node.run_document("RunTraining", values, FAKE_TORCHRUN_EXIT=str(status))
     assert result.returncode == 1
     assert plugin_result(result.returncode)[0] == "Failed"
@@ -342,7 +347,7 @@ def test_launch_reports_any_other_status_of_torchrun_as_1(
 
 
 def test_a_75_of_torchrun_is_not_a_legs_end(node: FakeNode) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1",
                       FAKE_TORCHRUN_EXIT="75")  # fmt: skip
     assert result.returncode == 1
     assert (
@@ -354,7 +359,7 @@ def test_a_75_of_torchrun_is_not_a_legs_end(node: FakeNode) -> None:
 def test_a_failing_command_of_the_script_itself_is_reported_as_1(node: FakeNode) -> None:
     """The ERR trap (on_err) exits with the failed command's status; the EXIT trap maps it."""
     node.tool("mkdir", "#!/usr/bin/env bash\nexit 137\n")  # a tool that fails oddly
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1")
     assert result.returncode == 1
     assert (
         errors(result)[0].startswith("'mkdir -p ") and "failed with status 137" in errors(result)[0]
@@ -364,7 +369,7 @@ def test_a_failing_command_of_the_script_itself_is_reported_as_1(node: FakeNode)
 
 def test_launch_refuses_a_node_whose_bootstrap_has_not_finished(node: FakeNode) -> None:
     (node.state / "ready").unlink()
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1")
     assert result.returncode == 1
     assert errors(result) == [
         f"this node is not ready: bootstrap has not finished (no {node.state}/ready; "
@@ -755,7 +760,7 @@ def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -
     neuron_venv(node)
     scratch = node.root / "scratch"
     values = {
-        "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
+        "Hosts": f"{ADDRESS},10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
         "NprocPerNode": "2", "Steps": "7", "TrainArgs": "--model tiny",
     }  # fmt: skip
     result = node.run_document("Precompile", values, TRAINIUM_PRECOMPILE_DIR=str(scratch))
@@ -787,7 +792,7 @@ def test_precompile_compiles_again_what_a_failed_compile_left_in_the_cache(
     node.trainium()
     neuron_venv(node, 'printf "%s" "$NEURON_CC_FLAGS" > "$FAKE_DIR/npc.flags"')
     scratch = str(node.root / "scratch")
-    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j",
+    result = node.run("precompile.sh", "--hosts", ADDRESS, "--job-id", "j",
                       "--nproc-per-node", "1", TRAINIUM_PRECOMPILE_DIR=scratch)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--retry_failed_compilation" in (node.root / "npc.flags").read_text().split()
@@ -796,7 +801,7 @@ def test_precompile_compiles_again_what_a_failed_compile_left_in_the_cache(
 def test_precompile_reports_an_odd_status_of_the_compiler_as_1(node: FakeNode) -> None:
     neuron_venv(node, "exit 194")
     scratch = str(node.root / "scratch")
-    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j",
+    result = node.run("precompile.sh", "--hosts", ADDRESS, "--job-id", "j",
                       "--nproc-per-node", "1", TRAINIUM_PRECOMPILE_DIR=scratch)  # fmt: skip
     assert result.returncode == 1
     assert plugin_result(result.returncode)[0] == "Failed"
@@ -814,7 +819,7 @@ def test_preflight_reports_an_odd_status_of_a_tool_as_1(node: FakeNode) -> None:
     """preflight.sh sources lib.sh and gets its EXIT trap: a tool that fails with 194 under
     set -e (here `ip`, read by find_node_rank) ends preflight with 1, not a reboot."""
     node.tool("ip", "#!/usr/bin/env bash\nexit 194\n")
-    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
+    result = node.run("preflight.sh", "--hosts", ADDRESS, "--min-free-gb", "0")
     assert result.returncode == 1
     assert (
         "preflight.sh ended with status 194 (the SSM agent would take it as a request to "
@@ -823,7 +828,7 @@ def test_preflight_reports_an_odd_status_of_a_tool_as_1(node: FakeNode) -> None:
 
 
 def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:
-    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j")
+    result = node.run("precompile.sh", "--hosts", ADDRESS, "--job-id", "j")
     assert result.returncode == 1
     assert errors(result) == [
         "neuron_parallel_compile not found: precompiling needs the Neuron SDK "
@@ -980,7 +985,7 @@ def test_a_new_job_whose_id_holds_a_checkpoint_is_refused_before_torchrun(node: 
     checkpoint(node, "bert-1", 200)
     newest = checkpoint(node, "bert-1", 1200)
     checkpoint(node, "bert-1", 1400, complete=False)  # a save that never finished
-    values = {"Hosts": "10.1.0.12", "JobId": "bert-1", "NprocPerNode": "1", "Resume": "new"}
+    values = {"Hosts": ADDRESS, "JobId": "bert-1", "NprocPerNode": "1", "Resume": "new"}
     result = node.run_document("RunTraining", values)
     assert result.returncode == 2, result.stdout + result.stderr
     said = (
@@ -1005,7 +1010,7 @@ def test_launch_says_what_the_job_starts_from(
 ) -> None:
     if saved:
         checkpoint(node, "j", 7)
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node",
                       "1", "--resume", resume, "--dry-run")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert said.format(out=node.fsx / "jobs" / "j") in result.stderr
@@ -1013,7 +1018,7 @@ def test_launch_says_what_the_job_starts_from(
 
 
 def test_launch_refuses_an_unknown_resume_mode(node: FakeNode) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--resume", "fresh")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--resume", "fresh")
     assert result.returncode == 1
     assert errors(result) == [
         "--resume 'fresh' is not allowed: use new (a job ID not used before) or resume"

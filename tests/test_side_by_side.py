@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,15 @@ from scripts.rehearsal import ports
 from scripts.rehearsal.direct import PREFLIGHT_PORT_OFFSETS, Rehearsal
 from scripts.rehearsal.fleet import SimulatedHosts
 from scripts.rehearsal.hosts import LoopbackHosts, job_processes
-from tests.node_support import NODE, FakeNode, loopback_address, unique_job_id
+from tests.node_support import (
+    NODE,
+    NODE_ADDRESS,
+    REPO_ROOT,
+    FakeNode,
+    _process_address,
+    loopback_address,
+    unique_job_id,
+)
 
 
 def tagged(job: str, address: str) -> subprocess.Popen[str]:
@@ -179,3 +188,17 @@ def test_test_nodes_and_rehearsal_nodes_write_only_their_own_folders(tmp_path: P
         for variable, default in folders.items():
             assert variable in env, f"{name} leaves {variable} at {default}"
             assert Path(env[variable]).is_relative_to(root), (name, variable, env[variable])
+
+
+def test_each_test_process_has_a_node_address_of_its_own() -> None:
+    """The node scripts' tests (tests/test_launch_scripts.py) run launch.sh on a node at
+    NODE_ADDRESS, drawn once per test process: two runs, or two pytest-xdist workers, each
+    launch on an address of their own, where all launched on 10.1.0.12 before."""
+    drawn = {_process_address() for _ in range(20)}
+    assert len(drawn) > 1, drawn
+    assert all(re.fullmatch(r"10\.2\.\d+\.\d+", a) for a in drawn | {NODE_ADDRESS}), drawn
+    found = subprocess.run(
+        [sys.executable, "-c", "from tests.node_support import NODE_ADDRESS; print(NODE_ADDRESS)"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.strip()  # fmt: skip
+    assert re.fullmatch(r"10\.2\.\d+\.\d+", found), found
