@@ -52,8 +52,23 @@ class Synth:
 
 
 def synth(**overrides: Any) -> Synth:
-    """The cluster synthesized with cdk.json's context plus `overrides` (cached per overrides)."""
-    return _synth(tuple(sorted(overrides.items())))
+    """The cluster synthesized with cdk.json's context plus `overrides` (cached per overrides).
+    An override that repeats cdk.json's value (`node_count="2"` where cdk.json says 2) is
+    dropped from the cache key: the same settings are synthesized once."""
+    return _synth(synth_key(**overrides))
+
+
+def synth_key(**overrides: Any) -> tuple[tuple[str, Any], ...]:
+    changed = {k: v for k, v in overrides.items() if k not in CDK_CONTEXT or not _same(k, v)}
+    return tuple(sorted(changed.items()))
+
+
+def _same(key: str, value: Any) -> bool:
+    """Whether `value` (a `-c` string or a JSON value) is what cdk.json already sets."""
+    default = CDK_CONTEXT[key]
+    if isinstance(default, bool):
+        return isinstance(value, bool | str) and str(value).lower() == str(default).lower()
+    return str(value) == str(default)
 
 
 @functools.cache
@@ -83,6 +98,22 @@ def cfn_lint(paths: list[Path], *, region: str) -> list[dict[str, Any]]:
     # Exit status is a bit mask: 2 errors, 4 warnings, 8 informational; 1 means it crashed.
     assert result.returncode & 1 == 0, result.stderr
     findings: list[dict[str, Any]] = json.loads(result.stdout or "[]")
+    return findings
+
+
+@functools.cache
+def lint_every_configuration() -> dict[str, list[dict[str, Any]]]:
+    """cfn-lint's findings for every configuration's templates (matrix_settings), by file:
+    one cfn-lint process a region (its start-up costs seconds), each finding named by its
+    file. Every test that lints a template of these configurations reads it from here."""
+    by_region: dict[str, list[Path]] = {}
+    for settings in matrix_settings().values():
+        synthesized = synth(**settings)
+        by_region.setdefault(synthesized.config.region, []).extend(synthesized.template_paths())
+    findings: dict[str, list[dict[str, Any]]] = {}
+    for region, paths in by_region.items():
+        for finding in cfn_lint(paths, region=region):
+            findings.setdefault(finding["Filename"], []).append(finding)
     return findings
 
 

@@ -8,20 +8,20 @@ The scripts themselves run unmodified, the SSM documents' command lines included
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import re
+import secrets
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from scripts.cluster_lib.arguments import JOB_ID
 from scripts.cluster_lib.code import snapshot
 from scripts.cluster_lib.documents import load
+from scripts.rehearsal import ports
 from scripts.rehearsal.ssm_agent import substitute
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,8 @@ LOG_LINE = re.compile(r"^\[(\w+) \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] (.*)$")
 FAKE_IP = """#!/usr/bin/env bash
 # ip -o -4 addr show, as on a node with one ENI
 if [[ "$*" == "-o -4 addr show" ]]; then
-  echo "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever"
+  echo "1: lo    inet ${FAKE_LOOPBACK:-127.0.0.1}/8 scope host lo\\       valid_lft forever \\
+preferred_lft forever"
   echo "2: ens5    inet ${FAKE_ADDRESS:-10.1.0.12}/24 brd 10.1.0.255 scope global ens5"
   exit 0
 fi
@@ -70,9 +71,24 @@ def trainium_devices(count: int = 16, cores: int = 2, busy: bool = False) -> lis
     ]  # fmt: skip
 
 
+def _process_address() -> str:
+    """10.2.X.Y, drawn once per test process (see NODE_ADDRESS)."""
+    value = secrets.randbelow(256 * 250)
+    return f"10.2.{value // 250}.{value % 250 + 2}"
+
+
+#: A node address of this test process's own (10.2.X.Y) for test nodes that run launch.sh:
+#: launch.sh first stops whatever any job left on its node address (scripts/node/lib.sh
+#: job_pids "*"), so two test processes on one machine (two runs, two pytest-xdist workers)
+#: must not share one; the tests of one process run one at a time.
+NODE_ADDRESS = _process_address()
+
+
 class FakeNode:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, address: str = "10.1.0.12") -> None:
+        """`address`: the node's own address (fake `ip`'s ens5), unless FAKE_ADDRESS says."""
         self.root = root
+        self.address = address
         self.bin = root / "bin"
         self.bin.mkdir()
         self.state = root / "state"
@@ -85,6 +101,9 @@ class FakeNode:
         self.workload.mkdir(parents=True)
         (self.workload / "train.py").write_text("raise SystemExit('not run by these tests')\n")
         self.env_file = root / "cluster.env"
+        # The node's address for jobs whose processes really start (real_torchrun): one of
+        # its own, so that no other test run's launch.sh stops them (loopback_address).
+        self.loopback = loopback_address()
         self.tool("ip", FAKE_IP)
         self.tool("torchrun", FAKE_TORCHRUN)
         self.settings: dict[str, str] = {
@@ -125,6 +144,9 @@ class FakeNode:
             TRAINIUM_STATE_DIR=str(self.state),
             TRAINIUM_LOG_DIR=str(self.logs),
             TRAINIUM_CODE_CACHE=str(self.root / "code-cache"),
+            TRAINIUM_ENV_CACHE=str(self.root / "env-cache"),
+            TRAINIUM_PRECOMPILE_DIR=str(self.root / "precompile"),
+            FAKE_ADDRESS=self.address,
         )
         env.update(extra)
         return env
@@ -221,35 +243,42 @@ while True:
 
 
 def real_torchrun(node: FakeNode) -> dict[str, str]:
-    """The node with the project's own torchrun and a worker script as train.py."""
+    """The node with the project's own torchrun and a worker script as train.py; its lo
+    carries node.loopback (fake `ip`), the address to give launch.sh in --hosts."""
     (node.bin / "torchrun").unlink()
     (node.workload / "train.py").write_text(WORKER)
     venv_bin = Path(sys.executable).parent
     path = f"{node.bin}:{venv_bin}:/usr/bin:/bin:/usr/sbin:/sbin"
-    return {"PATH": path, "WORKER_DIR": str(node.root)}
+    return {"PATH": path, "WORKER_DIR": str(node.root), "FAKE_LOOPBACK": node.loopback}
 
 
 def free_ports(count: int) -> int:
     """A port P with P .. P + count - 1 free (preflight uses --port, +1 and +2), below the
-    ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), as
-    29600 is on the nodes: a client that retries connecting to a loopback port in that range
-    before its server listens can be given that very port as its own source port and connect
-    to itself (a TCP self-connect), which then keeps the server from binding it."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(10000, low - count)
-        try:
-            with contextlib.ExitStack() as stack:
-                for offset in range(count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("", port + offset))
-        except OSError:
-            continue
-        return port
-    raise AssertionError(f"no {count} consecutive free ports below {low}")
+    ephemeral range, as 29600 is on the nodes; chosen so that two test runs on one machine do
+    not take the same one (scripts/rehearsal/ports.py says how and why)."""
+    return ports.free_port(*range(1, count))
 
 
 def free_port() -> int:
     """A free port below the ephemeral range (free_ports says why)."""
     return free_ports(1)
+
+
+def unique_job_id(name: str) -> str:
+    """A job ID of its own for a test whose job's processes really start: `name` and a
+    random token. Tests and the node scripts find a job's processes by TRAINIUM_JOB_ID in
+    every process of the machine (scripts/node/lib.sh job_pids, hosts.job_processes), so
+    with a fixed ID two test runs on one machine would stop or kill each other's jobs. The
+    token keeps the ID inside launch.sh's pattern (1-64 letters, digits, '.', '_', '-')."""
+    job_id = f"{name}-{secrets.token_hex(4)}"
+    if not JOB_ID.fullmatch(job_id):
+        raise ValueError(f"{job_id!r} is not a job ID (1-64 letters, digits, '.', '_', '-')")
+    return job_id
+
+
+def loopback_address() -> str:
+    """A loopback address of its own (127.X.Y.Z, X from 1) for a test's node: launch.sh stops
+    whatever any job left on its node address (job_pids "*" with TRAINIUM_NODE_ADDRESS), so
+    two test runs on one machine must not share one. Linux answers all of 127.0.0.0/8 on lo."""
+    value = secrets.randbelow(254 * 256 * 254)
+    return f"127.{value // (256 * 254) + 1}.{value // 254 % 256}.{value % 254 + 1}"

@@ -1,16 +1,24 @@
-"""Bad settings through the real command: `npx cdk synth -c key=value`.
+"""Bad settings as `npx cdk synth -c key=value` gives them to the app.
 
 Each must end with one line from the app naming the key, the value and what is allowed, a
-non-zero exit, no Python traceback, and no cloud assembly written.
+non-zero exit, no Python traceback, and no cloud assembly written. Every case runs app.py's
+main in this process, with the context the CLI hands it (cdk.json's "context" block, each
+`-c` over it); one case, two `-c` settings, runs the real command, which starts the app in a
+Python process of its own (about 10 s on 2 cores: the rest would repeat it nine times).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import aws_cdk as cdk
 import pytest
+
+import app
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +85,41 @@ BAD_SETTINGS = [
 ]
 
 
+#: The case that runs the real command: two `-c` settings, both read.
+THROUGH_THE_CLI = [case for case in BAD_SETTINGS if case.id == "az-of-another-region"]
+
+
+def assert_refused(code: int, output: str, message: str, outdir: Path) -> None:
+    assert code != 0
+    app_lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert app_lines == [message], output
+    assert "Traceback" not in output
+    # The CLI may create the output folder, but nothing is synthesized into it.
+    written = sorted(p.name for p in outdir.iterdir()) if outdir.exists() else []
+    assert not [name for name in written if name.endswith((".json", ".template.json"))], written
+
+
 @pytest.mark.parametrize(("settings", "message"), BAD_SETTINGS)
+def test_bad_setting_fails_the_app_with_one_line(
+    settings: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """app.py's main as the CLI starts it: cdk.json's context with each `-c key=value` over it
+    (as strings, as the CLI passes them), the cloud assembly into --output."""
+    outdir = tmp_path / "cdk.out"
+    context: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    context.update(setting.split("=", 1) for setting in settings)
+    app_class = cdk.App
+    monkeypatch.setattr(app.cdk, "App", lambda: app_class(context=context, outdir=str(outdir)))
+    code = app.main()
+    captured = capsys.readouterr()
+    assert_refused(code, captured.out + captured.err, message, outdir)
+
+
+@pytest.mark.parametrize(("settings", "message"), THROUGH_THE_CLI)
 def test_bad_setting_fails_the_synth_with_one_line(
     settings: list[str], message: str, tmp_path: Path
 ) -> None:
@@ -93,11 +135,4 @@ def test_bad_setting_fails_the_synth_with_one_line(
         timeout=300,
         check=False,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    app_lines = [line for line in output.splitlines() if line.startswith("error:")]
-    assert app_lines == [message], output
-    assert "Traceback" not in output
-    # The CLI may create the output folder, but nothing is synthesized into it.
-    written = sorted(p.name for p in outdir.iterdir()) if outdir.exists() else []
-    assert not [name for name in written if name.endswith((".json", ".template.json"))], written
+    assert_refused(result.returncode, result.stdout + result.stderr, message, outdir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -469,3 +470,81 @@ def test_bench_with_several_models_needs_bench_model(
     assert "several models; choose --bench-model from: bert-base, gpt2" in capsys.readouterr().err
     report = run_json(capsys, *base, "--bench", f"p5.48xlarge={bench}", "--bench-model", "gpt2")
     assert by_type(report)["p5.48xlarge"]["throughput"] == pytest.approx(311.0 * 8)
+
+
+# ------------------------------------------------------- checkpoint interval (Young / Daly)
+CHECKPOINT_RUN = ["--nodes", "64", "--throughput", "3800", "--dataset-size", "1e8",
+                  "--epochs", "3", "--compare", "p5.48xlarge=6000",
+                  "--checkpoint-save-seconds", "60"]  # fmt: skip
+
+
+def test_the_interruption_rate_is_meta_llama3s_per_node_hour() -> None:
+    """419 unexpected interruptions in 54 days on 16,384 H100s, 8 a server (Llama 3 paper,
+    section 3.3.4): 1.58e-4 per node-hour, one per 6,335 node-hours."""
+    from scripts.cost_lib.checkpoints import LLAMA3_PER_NODE_HOUR
+
+    assert pytest.approx(419 / (54 * 24 * 16_384 / 8)) == LLAMA3_PER_NODE_HOUR
+    assert round(1 / LLAMA3_PER_NODE_HOUR) == 6335
+
+
+def test_youngs_interval_is_where_dalys_exact_expected_run_time_is_least() -> None:
+    """Daly 2006 (FGCS 22(3), eq. 13 with no restart time): a run of S seconds of work with
+    exponentially distributed interruptions of mean M, saving C every tau, takes
+    M (e^((tau + C) / M) - 1) S / tau. Its minimum, found numerically, is Young's
+    sqrt(2 C M) to within C (Daly's next term), and the first-order overhead agrees."""
+    from scripts.cost_lib.checkpoints import best_interval, overhead
+
+    save, mean = 60.0, 99.0 * 3600
+
+    def wall_per_work(tau: float) -> float:
+        return mean * math.expm1((tau + save) / mean) / tau
+
+    taus = [100 + step for step in range(0, 40_000, 5)]
+    exact = min(taus, key=wall_per_work)
+    young = best_interval(save, mean)
+    assert abs(exact - young) <= save, (exact, young)
+    assert overhead(young, save, mean) < min(overhead(young * f, save, mean) for f in (0.8, 1.25))
+    assert overhead(young, save, mean) == pytest.approx(wall_per_work(exact) - 1, rel=0.02)
+
+
+def test_estimate_shows_the_best_interval_and_the_cost_of_an_interruption(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = run_json(capsys, *CHECKPOINT_RUN, "--checkpoint-every-seconds", "1800")
+    plan = report["checkpoints"]
+    mean_s = 3600 / (419 / (54 * 24 * 2048) * 64)
+    assert plan["mean_hours_between_interruptions"] == pytest.approx(mean_s / 3600)
+    assert plan["best_interval_seconds"] == pytest.approx(math.sqrt(2 * 60 * mean_s))
+    assert plan["lost_seconds_per_interruption"] == (1800 + 60) / 2
+    run_s = by_type(report)["trn1.32xlarge"]["total_seconds"]
+    assert plan["expected_interruptions"] == pytest.approx(run_s / mean_s)
+    assert plan["expected_lost_seconds"] == pytest.approx(run_s / mean_s * 930)
+    assert "Llama 3" in plan["rate_source"] and "Young 1974" in plan["interval_source"]
+    text = run_text(capsys, *CHECKPOINT_RUN, "--checkpoint-every-seconds", "1800")
+    assert "checkpoints on 64 x trn1.32xlarge: an interruption every 99.0 h" in text
+    assert "save every 1 h 48 min 59 s of training" in text
+    assert "at your interval of 30 min 00 s: 15 min 30 s lost per interruption" in text
+    mine = run_json(capsys, *CHECKPOINT_RUN, "--interruptions-per-node-hour", "0.001")
+    assert mine["checkpoints"]["mean_hours_between_interruptions"] == pytest.approx(1000 / 64)
+    assert mine["checkpoints"]["lost_seconds_per_interruption"] is None
+    assert run_json(capsys, *CHECKPOINT_RUN[:-2])["checkpoints"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--checkpoint-every-seconds", "1800"],
+         "--checkpoint-every-seconds needs --checkpoint-save-seconds (how long a save takes)"),
+        (["--interruptions-per-node-hour", "1e-4"], "--interruptions-per-node-hour needs"),
+        (["--checkpoint-save-seconds", "0"], "expected a number > 0, got '0'"),
+    ],
+)  # fmt: skip
+def test_bad_checkpoint_input_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    try:
+        code = ec.main([*CHECKPOINT_RUN[:-2], *args])
+    except SystemExit as exit:  # argparse's refusal
+        code = exit.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and message in err, err

@@ -30,6 +30,7 @@ import pytest
 from scripts.cluster_lib.documents import join_train_args
 from scripts.rehearsal.instances import Instance, Killed
 from tests.cdk_support import Synth
+from tests.node_support import unique_job_id
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -148,7 +149,7 @@ def test_stop_lets_the_trainers_finish_a_save_longer_than_30_s(
     from scripts.rehearsal.supervisor import local_supervisor
 
     cluster_name, template = default.config.cluster_name, default.templates["operations"]
-    job = "slowsave"
+    job = unique_job_id("slowsave")
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "1000",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
     settings = {**HOLD_AT_5, **slow_saves(tmp_path)}
@@ -227,7 +228,7 @@ def test_oom_kills_then_a_lost_efa_device_and_a_failed_bootstrap_the_job_finishe
 
     Every expectation is checked once the job has ended, each named after its fault, so a
     run shows every fault that is not handled."""
-    job = "faults"
+    job = unique_job_id("faults")
     args = train_args(sample_data, "--max-steps", "15", "--checkpoint-every", "5",
                       "--eval-every", "15", "--log-every", "5")  # fmt: skip
     cluster_name = default.config.cluster_name

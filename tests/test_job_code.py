@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib.code import snapshot
+from tests.node_support import unique_job_id
 from tests.test_rehearsal import Cli, operations, short_legs, stand_in, wait_for
 
 __all__ = ["operations", "short_legs"]  # fixtures of test_rehearsal, shared here
@@ -95,7 +96,7 @@ def test_train_runs_a_code_directory_snapshot_on_every_node(
     code = write_code(tmp_path / "my-job")
     original = digest(code)
     expected = snapshot(code)
-    job = "own-code"
+    job = unique_job_id("own-code")
     with (
         stand_in(tmp_path / "cluster", cluster_name=cluster_name) as cloud,
         local_supervisor(cloud, template),

@@ -26,7 +26,7 @@ from scripts.rehearsal.ssm_agent.runscript import (
     standard_output,
     start_script,
 )
-from tests.node_support import FakeNode, document_command
+from tests.node_support import FakeNode, document_command, unique_job_id
 
 INSTANCE_ID = "i-0123456789abcdef0"
 LOG_GROUP = "/trainium-cluster/trainium/training"
@@ -87,11 +87,11 @@ def run_as_the_agent(node: FakeNode, job_id: str, train_args: str) -> tuple[Agen
     byte per write (pipecopy)."""
     env = {
         **agent_environment(INSTANCE_ID, "us-east-1", command_id=f"c-{job_id}"),
-        **{k: v for k, v in node.env().items() if k != "HOME"},
+        **{k: v for k, v in node.env(FAKE_LOOPBACK=node.loopback).items() if k != "HOME"},
         "TRAINER_PYTHON": sys.executable,
     }
     command = document_command("RunTraining", {
-        "Hosts": "10.1.0.12", "JobId": job_id, "NprocPerNode": "1", "TrainArgs": train_args,
+        "Hosts": node.loopback, "JobId": job_id, "NprocPerNode": "1", "TrainArgs": train_args,
         "CodeSnapshot": node.snapshot(),
     })  # fmt: skip
     script = start_script(command, node.root / "agent" / job_id, env)
@@ -121,10 +121,11 @@ def test_a_chatty_trainer_is_not_slowed_by_the_agents_byte_copy(node: FakeNode) 
              *args.split()],
             stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300,
         )  # fmt: skip
-    script, code = run_as_the_agent(node, "chatty", args)
+    job = unique_job_id("chatty")
+    script, code = run_as_the_agent(node, job, args)
     agent_stdout = script.stdout_path.read_bytes()
     assert code == 0, agent_stdout[-3000:]
-    alone, launched = rate(direct), rate(node.fsx / "jobs" / "chatty")
+    alone, launched = rate(direct), rate(node.fsx / "jobs" / job)
     ratio = launched["steps_per_s"] / alone["steps_per_s"]
     print(
         f"trainer alone: {alone['steps_per_s']:.0f} steps/s ({alone['bytes_per_s'] / 1e6:.1f} "
@@ -134,13 +135,13 @@ def test_a_chatty_trainer_is_not_slowed_by_the_agents_byte_copy(node: FakeNode) 
     assert alone["bytes_per_s"] > 2e6  # several MB/s, well past the agent's copy
     assert ratio > 0.25
     # Every line is in the node's files; the agent got launch.sh's lines only.
-    node_log = node.fsx / "jobs" / "chatty" / "logs" / "node-0-10.1.0.12.log"
+    node_log = node.fsx / "jobs" / job / "logs" / f"node-0-{node.loopback}.log"
     text = node_log.read_text()
     assert text.count(" rank 0: step ") == 3000 * 4
     assert "step 3000 line 3 " in text
-    assert (node.logs / "jobs" / "chatty.log").read_text() == text
+    assert (node.logs / "jobs" / f"{job}.log").read_text() == text
     assert b" rank 0: step " not in agent_stdout
-    assert b"job chatty: torchrun finished on node rank 0" in agent_stdout
+    assert f"job {job}: torchrun finished on node rank 0".encode() in agent_stdout
     assert len(agent_stdout) < 6000
 
 
@@ -151,16 +152,15 @@ def test_a_failed_jobs_last_lines_and_where_its_log_is_reach_the_agent(
     """Its last 50 lines, 8,000 bytes at most (lines of 30,000 characters are cut), and the
     whole log's path and CloudWatch stream: all inside the first 24,000 characters that
     GetCommandInvocation returns (standard_output, after the agent's own rules)."""
-    script, code = run_as_the_agent(
-        node, "broken", f"--steps {steps} --lines 3 --width {width} --fail"
-    )
+    job = unique_job_id("broken")
+    script, code = run_as_the_agent(node, job, f"--steps {steps} --lines 3 --width {width} --fail")
     stdout = script.stdout_path.read_bytes()
     assert (code, plugin_result(code)[0]) == (1, "Failed")
     shown = standard_output(stdout, code)
     assert OUTPUT_TRUNCATED_SUFFIX not in shown
     assert len(stdout) < MAX_STDOUT_LENGTH
-    node_log = node.fsx / "jobs" / "broken" / "logs" / "node-0-10.1.0.12.log"
-    assert "job broken: torchrun failed with status 1 on node rank 0 (10.1.0.12)" in shown
+    node_log = node.fsx / "jobs" / job / "logs" / f"node-0-{node.loopback}.log"
+    assert f"job {job}: torchrun failed with status 1 on node rank 0 ({node.loopback})" in shown
     assert (
         f"the whole log: {node_log}, and CloudWatch Logs log group {LOG_GROUP}, stream "
         f"{INSTANCE_ID}/jobs" in shown

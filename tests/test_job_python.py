@@ -213,7 +213,7 @@ with open(os.environ["REPORT"], "w") as f:
 def test_launch_runs_the_workers_in_the_jobs_environment(tmp_path: Path, wheel: Path) -> None:
     """launch.sh prepares the snapshot's environment once the snapshot is unpacked, and
     torchrun (the environment's own) starts the workers under its interpreter."""
-    from tests.node_support import FakeNode, free_port, real_torchrun
+    from tests.node_support import FakeNode, free_port, real_torchrun, unique_job_id
 
     (tmp_path / "node").mkdir()
     node = FakeNode(tmp_path / "node")
@@ -225,8 +225,8 @@ def test_launch_runs_the_workers_in_the_jobs_environment(tmp_path: Path, wheel: 
     sha = node.snapshot()
     report = tmp_path / "report"
     result = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts/node/launch.sh"), "--hosts", "127.0.0.1",
-         "--job-id", "j", "--nproc-per-node", "1", "--master-port", str(free_port()),
+        ["bash", str(REPO_ROOT / "scripts/node/launch.sh"), "--hosts", node.loopback,
+         "--job-id", unique_job_id("j"), "--nproc-per-node", "1", "--master-port", str(free_port()),
          "--code", sha, "--entry", "entry.py"],
         env=node.env(**env, TRAINIUM_ENV_CACHE=str(tmp_path / "envs"),
                      PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, REPORT=str(report)),

@@ -23,6 +23,7 @@ from scripts.cluster_lib.queue import DISPATCHER_OUTPUT, QUEUE_TABLE_OUTPUT
 from scripts.rehearsal.aws_stand_in import validate_answer
 from tests.cdk_support import Synth, synth
 from tests.cluster_support import OUTPUTS, capture
+from tests.node_support import unique_job_id
 from tests.test_rehearsal import Cli as RehearsalCli
 from tests.test_rehearsal import (
     execution_status,
@@ -214,7 +215,7 @@ def test_two_jobs_queued_back_to_back_train_one_after_the_other_on_the_nodes(
     cluster_name, template = operations
     args = train_args(sample_data, "--max-steps", "10", "--checkpoint-every", "10",
                       "--eval-every", "10", "--log-every", "5")  # fmt: skip
-    jobs = ("r-first", "r-second")
+    jobs = (unique_job_id("r-first"), unique_job_id("r-second"))
     with (
         stand_in(tmp_path, cluster_name=cluster_name) as cloud,
         local_supervisor(cloud, template),
@@ -226,7 +227,7 @@ def test_two_jobs_queued_back_to_back_train_one_after_the_other_on_the_nodes(
             assert train.code == 0, capfd.readouterr()
         wait_for(
             "the second job's end",
-            lambda: execution_status(cloud, "r-second") not in ([], ["RUNNING"]),
+            lambda: execution_status(cloud, jobs[1]) not in ([], ["RUNNING"]),
             900,
             capfd.readouterr,
         )
@@ -237,11 +238,11 @@ def test_two_jobs_queued_back_to_back_train_one_after_the_other_on_the_nodes(
             key=lambda e: e["startDate"],
         )
         assert [(job_of(e["name"]), e["status"]) for e in listed] == [
-            ("r-first", "SUCCEEDED"),
-            ("r-second", "SUCCEEDED"),
+            (jobs[0], "SUCCEEDED"),
+            (jobs[1], "SUCCEEDED"),
         ], capfd.readouterr()
         assert listed[1]["startDate"] >= listed[0]["stopDate"]
         legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
-        assert [c.parameters["JobId"] for c in legs] == [["r-first"], ["r-second"]]
+        assert [c.parameters["JobId"] for c in legs] == [[jobs[0]], [jobs[1]]]
         for job in jobs:
             assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 10

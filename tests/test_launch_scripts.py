@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +21,25 @@ from scripts.rehearsal.ssm_agent import agent_environment
 from scripts.rehearsal.ssm_agent.runscript import plugin_result, start_script
 from tests.node_support import (
     NODE,
+    NODE_ADDRESS,
     REPO_ROOT,
     FakeNode,
     document_command,
     errors,
     free_port,
+    loopback_address,
     real_torchrun,
     trainium_devices,
+    unique_job_id,
 )
+
+#: The test node's address: this test process's own (NODE_ADDRESS says why).
+ADDRESS = NODE_ADDRESS
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> FakeNode:
-    return FakeNode(tmp_path)
+    return FakeNode(tmp_path, address=ADDRESS)
 
 
 # --------------------------------------------------------------------------- shellcheck
@@ -63,7 +68,7 @@ def test_help_prints_the_usage(script: str, node: FakeNode) -> None:
 # ------------------------------------------------------------------------------- launch
 def test_launch_finds_its_rank_from_its_own_address(node: FakeNode) -> None:
     result = node.run(
-        "launch.sh", "--hosts", "10.1.0.5,10.1.0.12,10.1.0.40", "--job-id", "bert-1",
+        "launch.sh", "--hosts", f"10.1.0.5,{ADDRESS},10.1.0.40", "--job-id", "bert-1",
         "--nproc-per-node", "2", "--dry-run", "--", "--model", "tiny",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -94,23 +99,24 @@ def test_launch_takes_an_explicit_node_address(node: FakeNode) -> None:
     assert "GLOO_SOCKET_IFNAME=lo" in result.stdout
 
 
-ONE = ["--hosts", "10.1.0.12", "--job-id", "j"]
+ONE = ["--hosts", ADDRESS, "--job-id", "j"]
 BAD_INPUT = [
     (["--job-id", "j"],
      "--hosts is required: the comma-separated addresses of all nodes, master first"),
-    (["--hosts", "10.1.0.12"], "--job-id is required"),
-    (["--hosts", "10.1.0.12", "--job-id", "a;b"],
+    (["--hosts", ADDRESS], "--job-id is required"),
+    (["--hosts", ADDRESS, "--job-id", "a;b"],
      "--job-id 'a;b' is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
      "starting with a letter or digit"),
-    (["--hosts", "10.1.0.12,10.1.0.12", "--job-id", "j"],
-     "--hosts lists 10.1.0.12 twice: every node must appear once"),
-    (["--hosts", "10.1.0.12,node-b", "--job-id", "j"],
+    (["--hosts", f"{ADDRESS},{ADDRESS}", "--job-id", "j"],
+     f"--hosts lists {ADDRESS} twice: every node must appear once"),
+    (["--hosts", f"{ADDRESS},node-b", "--job-id", "j"],
      "--hosts entry 'node-b' is not an IPv4 address: give the nodes' private addresses, "
      "comma separated"),
     (["--hosts", "10.9.9.1,10.9.9.2", "--job-id", "j"],
-     "none of --hosts (10.9.9.1 10.9.9.2) is an address of this node (127.0.0.1,10.1.0.12); "
+     f"none of --hosts (10.9.9.1 10.9.9.2) is an address of this node (127.0.0.1,{ADDRESS}); "
      "pass --node-address"),
-    ([*ONE, "--node-address", "10.1.0.13"], "--node-address 10.1.0.13 is not in --hosts 10.1.0.12"),
+    ([*ONE, "--node-address", "10.1.0.13"],
+     f"--node-address 10.1.0.13 is not in --hosts {ADDRESS}"),
     ([*ONE, "--master-port", "99999"],
      "--master-port '99999' is not a TCP port: use a number from 1 to 65535"),
     ([*ONE, "--nproc-per-node", "many"],
@@ -141,19 +147,19 @@ def test_launch_refuses_bad_input_with_one_line(
 
 def test_launch_on_trainium_sets_the_efa_and_neuron_environment(node: FakeNode) -> None:
     node.trainium()
-    result = node.run("launch.sh", "--hosts", "10.1.0.12,10.1.0.40", "--job-id", "bert-1",
+    result = node.run("launch.sh", "--hosts", f"{ADDRESS},10.1.0.40", "--job-id", "bert-1",
                       "--master-port", "41000", "--", "--model", "tiny")  # fmt: skip
     assert result.returncode == 0, result.stderr
     args = node.torchrun_args()
     assert args[:10] == [
-        "--nnodes", "2", "--node_rank", "0", "--master_addr", "10.1.0.12", "--master_port",
+        "--nnodes", "2", "--node_rank", "0", "--master_addr", ADDRESS, "--master_port",
         "41000", "--nproc_per_node", "32",
     ]  # fmt: skip
     env = node.torchrun_env()
     assert env["FI_PROVIDER"] == "efa"
     assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env["FI_EFA_FORK_SAFE"] == "1"
-    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:41001"
+    assert env["NEURON_RT_ROOT_COMM_ID"] == f"{ADDRESS}:41001"
     assert env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"
     assert env["NEURON_COMPILE_CACHE_URL"] == f"{node.fsx}/neuron-compile-cache"
     assert env["MALLOC_ARENA_MAX"] == "64"
@@ -189,7 +195,7 @@ def test_auto_starts_one_process_per_logical_neuron_core(
     node: FakeNode, devices: list[dict[str, Any]], processes: int
 ) -> None:
     node.trainium(devices)
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--dry-run")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert f"--nproc_per_node {processes} " in result.stdout
 
@@ -198,7 +204,7 @@ def test_neuron_cc_flags_can_be_overridden(node: FakeNode) -> None:
     node.trainium()
     node.settings["NEURON_CC_FLAGS"] = "--model-type=transformer --auto-cast=none --optlevel=1"
     node.write_env()
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j")
     assert result.returncode == 0, result.stderr
     # ... but a failed entry in the shared compile cache is always compiled again.
     assert (
@@ -207,18 +213,18 @@ def test_neuron_cc_flags_can_be_overridden(node: FakeNode) -> None:
     )
     node.settings["NEURON_CC_FLAGS"] = "--retry_failed_compilation --optlevel=1"
     node.write_env()
-    assert node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j").returncode == 0
+    assert node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j").returncode == 0
     assert node.torchrun_env()["NEURON_CC_FLAGS"] == "--retry_failed_compilation --optlevel=1"
 
 
 def test_launch_refuses_more_processes_than_neuron_cores(node: FakeNode) -> None:
     node.trainium(trainium_devices(count=1, cores=2))
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "4")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "4")
     assert errors(result) == ["--nproc-per-node 4 exceeds the 2 NeuronCores of this node"]
 
 
 def test_launch_elsewhere_leaves_neuron_variables_unset(node: FakeNode) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "2")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "2")
     assert result.returncode == 0, result.stderr
     env = node.torchrun_env()
     assert not [
@@ -229,7 +235,7 @@ def test_launch_elsewhere_leaves_neuron_variables_unset(node: FakeNode) -> None:
 
 def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: FakeNode) -> None:
     values = {
-        "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
+        "Hosts": f"{ADDRESS},10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
         "NprocPerNode": "2", "TrainArgs": "--data /fsx/data/imdb --model tiny --max-steps 5",
     }  # fmt: skip
     result = node.run_document("RunTraining", values)
@@ -237,7 +243,7 @@ def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: Fake
     assert node.torchrun_args()[10:] == [
         "-m", "workload.train", "--data", "/fsx/data/imdb", "--model", "tiny", "--max-steps", "5",
     ]  # fmt: skip
-    log = (node.fsx / "jobs" / "bert-1" / "logs" / "node-0-10.1.0.12.log").read_text()
+    log = (node.fsx / "jobs" / "bert-1" / "logs" / f"node-0-{ADDRESS}.log").read_text()
     assert "fake torchrun on rank 0" in log
     assert "job bert-1: torchrun finished on node rank 0" in log
     assert (node.logs / "jobs" / "bert-1.log").read_text() == log
@@ -245,11 +251,11 @@ def test_run_training_document_runs_launch_and_keeps_a_log_in_the_job(node: Fake
 
 @pytest.mark.parametrize("status", [0, 1, 3, 4])
 def test_launch_passes_on_the_contracts_exit_statuses(node: FakeNode, status: int) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1",
                       FAKE_TORCHRUN_EXIT=str(status))  # fmt: skip
     assert result.returncode == status
     if status:
-        assert f"job j: torchrun failed with status {status} on node rank 0 (10.1.0.12)" in (
+        assert f"job j: torchrun failed with status {status} on node rank 0 ({ADDRESS})" in (
             result.stdout
         )
     assert "reporting 1" not in result.stdout + result.stderr
@@ -288,7 +294,7 @@ def test_a_failed_compile_is_named_by_its_compile_cache_entry(node: FakeNode) ->
     looked_up.mkdir(parents=True)
     (looked_up / "model.hlo_module.pb").write_bytes(b"")
     node.tool("torchrun", FAILED_COMPILES)
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node",
                       "1", CACHE=str(cache))  # fmt: skip
     assert result.returncode == 1, result.stdout
     named = [
@@ -308,7 +314,7 @@ def test_a_failed_compile_is_named_by_its_compile_cache_entry(node: FakeNode) ->
     log = (node.logs / "jobs" / "j.log").read_text()
     assert all(f"its compile cache entry: {entry}" in log for entry in named)
     node.tool("torchrun", "#!/usr/bin/env bash\necho 'a failure of another kind'\nexit 1\n")
-    again = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+    again = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node",
                      "1", CACHE=str(cache))  # fmt: skip
     assert again.returncode == 1
     # The job's log keeps the first leg's three lines (the agent's tail shows them too), and
@@ -333,7 +339,7 @@ ODD_STATUSES = [
 def test_launch_reports_any_other_status_of_torchrun_as_1(
     node: FakeNode, status: int, meaning: str
 ) -> None:
-    values = {"Hosts": "10.1.0.12", "JobId": "j", "NprocPerNode": "1"}
+    values = {"Hosts": ADDRESS, "JobId": "j", "NprocPerNode": "1"}
     result = node.run_document("RunTraining", values, FAKE_TORCHRUN_EXIT=str(status))
     assert result.returncode == 1
     assert plugin_result(result.returncode)[0] == "Failed"
@@ -341,7 +347,7 @@ def test_launch_reports_any_other_status_of_torchrun_as_1(
 
 
 def test_a_75_of_torchrun_is_not_a_legs_end(node: FakeNode) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1",
                       FAKE_TORCHRUN_EXIT="75")  # fmt: skip
     assert result.returncode == 1
     assert (
@@ -353,7 +359,7 @@ def test_a_75_of_torchrun_is_not_a_legs_end(node: FakeNode) -> None:
 def test_a_failing_command_of_the_script_itself_is_reported_as_1(node: FakeNode) -> None:
     """The ERR trap (on_err) exits with the failed command's status; the EXIT trap maps it."""
     node.tool("mkdir", "#!/usr/bin/env bash\nexit 137\n")  # a tool that fails oddly
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1")
     assert result.returncode == 1
     assert (
         errors(result)[0].startswith("'mkdir -p ") and "failed with status 137" in errors(result)[0]
@@ -363,7 +369,7 @@ def test_a_failing_command_of_the_script_itself_is_reported_as_1(node: FakeNode)
 
 def test_launch_refuses_a_node_whose_bootstrap_has_not_finished(node: FakeNode) -> None:
     (node.state / "ready").unlink()
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node", "1")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node", "1")
     assert result.returncode == 1
     assert errors(result) == [
         f"this node is not ready: bootstrap has not finished (no {node.state}/ready; "
@@ -416,8 +422,9 @@ def test_nothing_of_the_job_survives_the_agents_sigkill_of_the_process_group(
     (aws/amazon-ssm-agent agent/executers/executers_unix.go): no trap runs. torchrun's
     workers sit in sessions of their own; the leg's watchdog must end them."""
     env = real_torchrun(node)
+    job = unique_job_id("cancelled")
     launch = subprocess.Popen(
-        ["sh", "-c", f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id cancelled "
+        ["sh", "-c", f"bash {NODE / 'launch.sh'} --hosts {node.loopback} --job-id {job} "
          f"--nproc-per-node 2 --master-port {free_port()} --code-dir {node.code}"],
         env=node.env(**env), process_group=0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -430,12 +437,12 @@ def test_nothing_of_the_job_survives_the_agents_sigkill_of_the_process_group(
         # A process in the middle of exiting has no environment to read any more but is not a
         # zombie yet: wait for the workers themselves too, not only for the tagged processes.
         wait_for(
-            lambda: not job_processes("cancelled") and not any(alive(pid) for pid in workers),
+            lambda: not job_processes(job) and not any(alive(pid) for pid in workers),
             30,
             "the job's processes to end",
         )
     finally:
-        for pid in job_processes("cancelled"):
+        for pid in job_processes(job):
             os.kill(pid, signal.SIGKILL)
         if launch.poll() is None:
             os.killpg(launch.pid, signal.SIGKILL)
@@ -449,14 +456,14 @@ def test_a_leg_ends_itself_before_the_time_limit_with_a_checkpoint(node: FakeNod
     asked once it handles SIGTERM, saves, and the leg ends with 75, however late torchrun
     started it. Asked earlier, it would have died of the signal; asked only when the timer
     fired, never."""
-    job = f"long-{uuid.uuid4().hex[:8]}"
+    job = unique_job_id("long")
     gate = node.root / "handler-gate"
     env = {**real_torchrun(node), "WORKER_HANDLER_AFTER": str(gate)}
     output_path = node.root / "launch.out"
     start = time.monotonic()
     with output_path.open("w") as output_file:
         launch = subprocess.Popen(
-            ["bash", str(NODE / "launch.sh"), "--hosts", "127.0.0.1", "--job-id", job,
+            ["bash", str(NODE / "launch.sh"), "--hosts", node.loopback, "--job-id", job,
              "--nproc-per-node", "1", "--master-port", str(free_port()),
              "--time-limit", "30", "--stop-grace", "28", "--code-dir", str(node.code)],
             stdout=output_file, stderr=subprocess.STDOUT, text=True, env=node.env(**env),
@@ -493,7 +500,7 @@ def start_job(node: FakeNode, job: str, **extra: str) -> subprocess.Popen[str]:
     both workers run."""
     env = {**real_torchrun(node), "WORKER_SAVE_SECONDS": str(LONG_SAVE_SECONDS), **extra}
     launch = subprocess.Popen(
-        ["bash", str(NODE / "launch.sh"), "--hosts", "127.0.0.1", "--job-id", job,
+        ["bash", str(NODE / "launch.sh"), "--hosts", node.loopback, "--job-id", job,
          "--nproc-per-node", "2", "--master-port", str(free_port()), "--code-dir", str(node.code)],
         env=node.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -515,34 +522,36 @@ def saves_done(node: FakeNode) -> dict[int, bool]:
 
 @pytest.mark.slow
 def test_stop_gives_the_trainers_their_whole_grace_to_save(node: FakeNode) -> None:
-    launch = start_job(node, "saving")
+    job = unique_job_id("saving")
+    launch = start_job(node, job)
     try:
-        result = node.run("stop.sh", "--job-id", "saving", "--grace", "120",
-                          "--node-address", "127.0.0.1")  # fmt: skip
+        result = node.run("stop.sh", "--job-id", job, "--grace", "120",
+                          "--node-address", node.loopback)  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert saves_done(node) == dict.fromkeys(worker_pids(node), True), (
             f"a {LONG_SAVE_SECONDS}-s save was cut short under a 120-s grace: {result.stderr}"
         )
         output, _ = launch.communicate(timeout=60)
         assert launch.returncode == 0, output
-        assert not job_processes("saving")
+        assert not job_processes(job)
         assert "sending SIGKILL" not in result.stderr
     finally:
-        end_job("saving", launch)
+        end_job(job, launch)
 
 
 @pytest.mark.slow
 def test_a_term_to_launch_gives_the_trainers_the_stop_grace_to_save(node: FakeNode) -> None:
-    launch = start_job(node, "termed")
+    job = unique_job_id("termed")
+    launch = start_job(node, job)
     try:
         launch.send_signal(signal.SIGTERM)
         output, _ = launch.communicate(timeout=LONG_SAVE_SECONDS + 60)
         assert saves_done(node) == dict.fromkeys(worker_pids(node), True), output
         assert "asked to stop" in output
         assert launch.returncode == 0, output
-        assert not job_processes("termed")
+        assert not job_processes(job)
     finally:
-        end_job("termed", launch)
+        end_job(job, launch)
 
 
 @pytest.mark.slow
@@ -550,10 +559,11 @@ def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None
     """The OOM killer's SIGKILL to torchrun leaves its workers running in sessions of their
     own (start_new_session=True); launch.sh stops them before it exits, not a watchdog
     some time after, and reports 1, not the 137 the agent would read as a time-out."""
-    launch = start_job(node, "oom", WORKER_SAVE_SECONDS="5")
+    job = unique_job_id("oom")
+    launch = start_job(node, job, WORKER_SAVE_SECONDS="5")
     try:
         workers = worker_pids(node)
-        (torchrun,) = [pid for pid in job_processes("oom") if pid not in workers and
+        (torchrun,) = [pid for pid in job_processes(job) if pid not in workers and
                        "torchrun" in Path(f"/proc/{pid}/cmdline").read_text()]  # fmt: skip
         os.kill(torchrun, signal.SIGKILL)
         assert launch.wait(timeout=120) == 1
@@ -563,7 +573,7 @@ def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None
         assert "torchrun ended with status 137 (killed by SIGKILL: out of memory?" in output
         assert "stopped the processes torchrun left running (it ended with status 137)" in output
     finally:
-        end_job("oom", launch)
+        end_job(job, launch)
 
 
 # A trainer that needs as many descriptors as a gloo group over a world of 40 trn1.32xlarge
@@ -617,7 +627,7 @@ def test_a_job_past_1024_open_files_runs_when_started_as_the_agent_starts_it(
     }
     (node.workload / "train.py").write_text(GLOO_WORKER)
     command = document_command("RunTraining", {
-        "Hosts": "127.0.0.1", "JobId": "nofile", "NprocPerNode": "2",
+        "Hosts": node.loopback, "JobId": unique_job_id("nofile"), "NprocPerNode": "2",
         "MasterPort": str(free_port()), "CodeSnapshot": node.snapshot(),
     })  # fmt: skip
     script = start_script(command, node.root / "agent", env)
@@ -669,9 +679,10 @@ def test_launch_refuses_a_bad_time_limit(node: FakeNode, args: list[str], messag
 
 
 def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> None:
-    leftover = tagged("an-older-job")
+    leftover = tagged(unique_job_id("an-older-job"), node.loopback)
     try:
-        result = node.run("launch.sh", *ONE, "--nproc-per-node", "1")
+        result = node.run("launch.sh", "--hosts", node.loopback, "--job-id", unique_job_id("j"),
+                          "--nproc-per-node", "1", FAKE_LOOPBACK=node.loopback)  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert leftover.wait(timeout=60) == -signal.SIGTERM
         assert "stopped processes left over from an earlier job or attempt" in result.stdout
@@ -682,10 +693,12 @@ def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> No
 
 
 # --------------------------------------------------------------------------------- stop
-def tagged(job: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
-    """A process tagged the way launch.sh tags a job's processes, returned once it is ready:
-    its trap set (and its child started) when it ignores SIGTERM."""
-    env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": "10.1.0.12"}
+def tagged(job: str, address: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
+    """A process tagged the way launch.sh tags a job's processes on the node at `address`,
+    returned once it is ready: its trap set (and its child started) when it ignores SIGTERM.
+    Job and address are the test's own (unique_job_id, loopback_address): launch.sh and
+    stop.sh in another test run on this machine stop processes by those tags."""
+    env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": address}
     script = (
         "trap '' TERM; sleep 300 & echo ready; wait"
         if ignore_term
@@ -697,18 +710,19 @@ def tagged(job: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
 
 
 def test_stop_ends_only_the_jobs_processes(node: FakeNode) -> None:
-    target = tagged("bert-1")
-    stubborn = tagged("bert-1", ignore_term=True)
-    other = tagged("bert-2")
+    job, address = unique_job_id("bert-1"), loopback_address()
+    target = tagged(job, address)
+    stubborn = tagged(job, address, ignore_term=True)
+    other = tagged(unique_job_id("bert-2"), address)
     try:
-        result = node.run("stop.sh", "--job-id", "bert-1", "--grace", "2")
+        result = node.run("stop.sh", "--job-id", job, "--grace", "2")
         assert result.returncode == 0, result.stderr
         assert target.wait(timeout=60) == -signal.SIGTERM
         assert stubborn.wait(timeout=60) == -signal.SIGKILL
         assert other.poll() is None
         assert "sending SIGKILL to processes still running after 2 s" in result.stderr
-        again = node.run("stop.sh", "--job-id", "bert-1")
-        assert "job bert-1 has no running processes on this node" in again.stderr
+        again = node.run("stop.sh", "--job-id", job)
+        assert f"job {job} has no running processes on this node" in again.stderr
     finally:
         for process in (target, stubborn, other):
             if process.poll() is None:
@@ -746,7 +760,7 @@ def test_precompile_runs_the_job_under_neuron_parallel_compile(node: FakeNode) -
     neuron_venv(node)
     scratch = node.root / "scratch"
     values = {
-        "Hosts": "10.1.0.12,10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
+        "Hosts": f"{ADDRESS},10.1.0.40", "JobId": "bert-1", "MasterPort": "29500",
         "NprocPerNode": "2", "Steps": "7", "TrainArgs": "--model tiny",
     }  # fmt: skip
     result = node.run_document("Precompile", values, TRAINIUM_PRECOMPILE_DIR=str(scratch))
@@ -778,7 +792,7 @@ def test_precompile_compiles_again_what_a_failed_compile_left_in_the_cache(
     node.trainium()
     neuron_venv(node, 'printf "%s" "$NEURON_CC_FLAGS" > "$FAKE_DIR/npc.flags"')
     scratch = str(node.root / "scratch")
-    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j",
+    result = node.run("precompile.sh", "--hosts", ADDRESS, "--job-id", "j",
                       "--nproc-per-node", "1", TRAINIUM_PRECOMPILE_DIR=scratch)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--retry_failed_compilation" in (node.root / "npc.flags").read_text().split()
@@ -787,7 +801,7 @@ def test_precompile_compiles_again_what_a_failed_compile_left_in_the_cache(
 def test_precompile_reports_an_odd_status_of_the_compiler_as_1(node: FakeNode) -> None:
     neuron_venv(node, "exit 194")
     scratch = str(node.root / "scratch")
-    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j",
+    result = node.run("precompile.sh", "--hosts", ADDRESS, "--job-id", "j",
                       "--nproc-per-node", "1", TRAINIUM_PRECOMPILE_DIR=scratch)  # fmt: skip
     assert result.returncode == 1
     assert plugin_result(result.returncode)[0] == "Failed"
@@ -805,7 +819,7 @@ def test_preflight_reports_an_odd_status_of_a_tool_as_1(node: FakeNode) -> None:
     """preflight.sh sources lib.sh and gets its EXIT trap: a tool that fails with 194 under
     set -e (here `ip`, read by find_node_rank) ends preflight with 1, not a reboot."""
     node.tool("ip", "#!/usr/bin/env bash\nexit 194\n")
-    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--min-free-gb", "0")
+    result = node.run("preflight.sh", "--hosts", ADDRESS, "--min-free-gb", "0")
     assert result.returncode == 1
     assert (
         "preflight.sh ended with status 194 (the SSM agent would take it as a request to "
@@ -814,7 +828,7 @@ def test_preflight_reports_an_odd_status_of_a_tool_as_1(node: FakeNode) -> None:
 
 
 def test_precompile_needs_the_neuron_sdk(node: FakeNode) -> None:
-    result = node.run("precompile.sh", "--hosts", "10.1.0.12", "--job-id", "j")
+    result = node.run("precompile.sh", "--hosts", ADDRESS, "--job-id", "j")
     assert result.returncode == 1
     assert errors(result) == [
         "neuron_parallel_compile not found: precompiling needs the Neuron SDK "
@@ -894,12 +908,14 @@ def launch_argparse_worker(
         else {
             "PATH": f"{node.bin}:{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin:/sbin",
             "WORKER_DIR": str(node.root),
+            "FAKE_LOOPBACK": node.loopback,
         }
     )
     (node.workload / "train.py").write_text(ARGPARSE_WORKER)
     command = (
-        f"bash {NODE / 'launch.sh'} --hosts 127.0.0.1 --job-id {job} --nproc-per-node {nproc} "
-        f"--master-port {free_port()} --code-dir {node.code} -- {' '.join(train_args)}"
+        f"bash {NODE / 'launch.sh'} --hosts {node.loopback} --job-id {job} "
+        f"--nproc-per-node {nproc} --master-port {free_port()} --code-dir {node.code} "
+        f"-- {' '.join(train_args)}"
     )
     return subprocess.run(
         ["sh", "-c", command], capture_output=True, text=True, env=node.env(**env, **extra),
@@ -918,14 +934,15 @@ def test_a_trainer_that_refuses_its_flags_is_reported_as_the_input_error_2(
     Before, the job's bad flag was reported as 1 and retried."""
     from scripts.rehearsal.ssm_agent.runscript import plugin_output
 
-    result = launch_argparse_worker(node, "bad-flag", "--bogus", "3")
+    job = unique_job_id("bad-flag")
+    result = launch_argparse_worker(node, job, "--bogus", "3")
     assert result.returncode == 2, result.stdout + result.stderr
-    log = (node.fsx / "jobs" / "bad-flag" / "logs" / "node-0-127.0.0.1.log").read_text()
+    log = (node.fsx / "jobs" / job / "logs" / f"node-0-{node.loopback}.log").read_text()
     assert "torchrun failed with status 1 on node rank 0" in result.stdout
     assert "exitcode  : 2 (pid:" in log  # torchrun's own report
     assert "exited with status 2 (torchrun's root cause); reporting 2" in result.stdout
     said = (
-        "job bad-flag: input error (status 2) on node rank 0: train.py: error: "
+        f"job {job}: input error (status 2) on node rank 0: train.py: error: "
         "unrecognized arguments: --bogus 3"
     )
     # The agent's stderr ends with the one line (no newline after it); launch.sh's lines
@@ -942,7 +959,7 @@ def test_a_trainers_own_status_passes_and_a_signal_does_not(node: FakeNode) -> N
     statuses the agent reads itself stay 1 (194), as does a worker's 75 (launch.sh's leg end
     alone reports 75). Nothing goes to stderr but for the input error."""
     for worker, reported in ((5, 5), (75, 1), (194, 1)):
-        result = launch_argparse_worker(node, f"status-{worker}", nproc=1,
+        result = launch_argparse_worker(node, unique_job_id(f"status-{worker}"), nproc=1,
                                         WORKER_EXIT=str(worker))  # fmt: skip
         assert result.returncode == reported, result.stdout
         assert "input error" not in result.stderr
@@ -968,7 +985,7 @@ def test_a_new_job_whose_id_holds_a_checkpoint_is_refused_before_torchrun(node: 
     checkpoint(node, "bert-1", 200)
     newest = checkpoint(node, "bert-1", 1200)
     checkpoint(node, "bert-1", 1400, complete=False)  # a save that never finished
-    values = {"Hosts": "10.1.0.12", "JobId": "bert-1", "NprocPerNode": "1", "Resume": "new"}
+    values = {"Hosts": ADDRESS, "JobId": "bert-1", "NprocPerNode": "1", "Resume": "new"}
     result = node.run_document("RunTraining", values)
     assert result.returncode == 2, result.stdout + result.stderr
     said = (
@@ -993,7 +1010,7 @@ def test_launch_says_what_the_job_starts_from(
 ) -> None:
     if saved:
         checkpoint(node, "j", 7)
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--nproc-per-node",
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--nproc-per-node",
                       "1", "--resume", resume, "--dry-run")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert said.format(out=node.fsx / "jobs" / "j") in result.stderr
@@ -1001,7 +1018,7 @@ def test_launch_says_what_the_job_starts_from(
 
 
 def test_launch_refuses_an_unknown_resume_mode(node: FakeNode) -> None:
-    result = node.run("launch.sh", "--hosts", "10.1.0.12", "--job-id", "j", "--resume", "fresh")
+    result = node.run("launch.sh", "--hosts", ADDRESS, "--job-id", "j", "--resume", "fresh")
     assert result.returncode == 1
     assert errors(result) == [
         "--resume 'fresh' is not allowed: use new (a job ID not used before) or resume"

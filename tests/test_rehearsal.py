@@ -26,6 +26,7 @@ from scripts.cluster_lib import ClusterError
 from scripts.rehearsal.aws_stand_in import local_cloud
 from scripts.rehearsal.direct import Rehearsal, RunningCommand
 from scripts.rehearsal.hosts import NetnsHosts, job_processes
+from tests.node_support import unique_job_id
 from workload.stop import HOLD_VARIABLE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -309,7 +310,7 @@ def test_train_detached_at_once_still_retries_and_resumes_in_the_supervisor(
     from scripts.rehearsal.supervisor import local_supervisor
 
     cluster_name, template = operations
-    job = "unattended"
+    job = unique_job_id("unattended")
     args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
                       "--eval-every", "30", "--log-every", "5")  # fmt: skip
     printed = cli.out
@@ -378,7 +379,7 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
     from scripts.rehearsal.supervisor import local_supervisor
 
     cluster_name, template = operations
-    job = "stopme"
+    job = unique_job_id("stopme")
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "5",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
     from moto.stepfunctions.parser.utils import TMP_THREADS
@@ -463,7 +464,7 @@ def test_a_fleet_that_runs_different_software_ends_the_job_at_once(
     spending its retries or sending RunTraining, notifies, and `cluster.py train` (following in
     the foreground) exits 1 with one line saying what to do."""
     cluster_name, template = operations
-    job = "mixed"
+    job = unique_job_id("mixed")
     args = train_args(sample_data, "--max-steps", "10")
     from scripts.rehearsal.supervisor import local_supervisor
 
@@ -508,17 +509,18 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
     if not NetnsHosts.available():
         pytest.skip("needs root and iproute2")
     output = with_sample_data(tmp_path / "rehearsal", sample_data)
+    job = unique_job_id("cli")
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), "rehearse", "--nodes", "2",
-         "--mode", "netns", "--output", str(output), "--job-id", "cli", "--quiet",
+         "--mode", "netns", "--output", str(output), "--job-id", job, "--quiet",
          "--", *TINY, "--max-steps", "4", "--checkpoint-every", "2", "--eval-every", "4"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "behind the local Run Command stand-in, the job supervisor" in result.stdout
-    assert "job cli: preflight on every node" in result.stdout
-    assert "job cli: RunTraining on every node" in result.stdout
-    assert "job cli finished (execution cli-" in result.stdout
+    assert f"job {job}: preflight on every node" in result.stdout
+    assert f"job {job}: RunTraining on every node" in result.stdout
+    assert f"job {job} finished (execution {job}-" in result.stdout
     # The supervisor retries a failed attempt (that is its job), but this 2-node job has no
     # fault: a retry here is an attempt that failed on its own, a defect to find.
     assert "after 0 retries" in result.stdout, "the fault-free job retried: " + " | ".join(
@@ -526,7 +528,7 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
     )
     summary = json.loads(result.stdout.split("summary: ", 1)[1].splitlines()[0])
     assert summary["event"] == "summary"
-    assert sorted(p.name for p in (output / "jobs" / "cli" / "logs").iterdir()) == [
+    assert sorted(p.name for p in (output / "jobs" / job / "logs").iterdir()) == [
         "node-0-10.77.0.1.log", "node-1-10.77.0.2.log",
     ]  # fmt: skip
 
@@ -535,21 +537,25 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
 def test_cluster_py_rehearse_on_loopback_addresses(tmp_path: Path, sample_data: Path) -> None:
     """The user-facing command, in the mode that needs no privileges."""
     output = with_sample_data(tmp_path / "rehearsal", sample_data)
+    job = unique_job_id("cli")
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), "rehearse", "--nodes", "2",
-         "--mode", "loopback", "--output", str(output), "--job-id", "cli", "--quiet",
+         "--mode", "loopback", "--output", str(output), "--job-id", job, "--quiet",
          "--skip-preflight",
          "--", *TINY, "--max-steps", "4", "--checkpoint-every", "2", "--eval-every", "4"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "rehearsal: 2 nodes (loopback: 127.0.0.1, 127.0.0.2)" in result.stdout
+    # The nodes' addresses: a block of 127.0.0.0/8 of this rehearsal's own (LoopbackHosts).
+    found = re.search(r"rehearsal: 2 nodes \(loopback: (127\.\d+\.\d+)\.1, \1\.2\)", result.stdout)
+    assert found, result.stdout
+    block = found.group(1)
     summary = json.loads(result.stdout.split("summary: ", 1)[1].splitlines()[0])
     assert summary["event"] == "summary"
-    metrics = output / "jobs" / "cli" / "metrics.jsonl"
+    metrics = output / "jobs" / job / "metrics.jsonl"
     assert metrics.is_file()
-    assert sorted(p.name for p in (output / "jobs" / "cli" / "logs").iterdir()) == [
-        "node-0-127.0.0.1.log", "node-1-127.0.0.2.log",
+    assert sorted(p.name for p in (output / "jobs" / job / "logs").iterdir()) == [
+        f"node-0-{block}.1.log", f"node-1-{block}.2.log",
     ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ and history far below Step Functions' quotas.
 
 from __future__ import annotations
 
+import copy
 import math
 import resource
 import subprocess
@@ -20,7 +21,8 @@ import pytest
 
 from scripts.rehearsal.scale import HISTORY_LIMIT, PAYLOAD_LIMIT, rehearse
 from stacks.supervisor_limits import INVOCATIONS_PAGE, SEND_BATCH, batches
-from tests.node_support import FakeNode, document_command
+from tests.cdk_support import synth
+from tests.node_support import FakeNode, document_command, unique_job_id
 
 NODES = 1024
 #: Ranks a node in the test below: 1,024 x 16 + 1,024 descriptors fit under a hard limit of
@@ -48,7 +50,7 @@ def test_a_node_of_a_1024_node_job_finds_its_rank_and_raises_its_open_file_limit
     joined = ",".join(hosts)
     assert len(joined) == 16_383
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    values = {"Hosts": joined, "JobId": "scale", "NprocPerNode": str(RANKS),
+    values = {"Hosts": joined, "JobId": unique_job_id("scale"), "NprocPerNode": str(RANKS),
               "CodeSnapshot": node.snapshot()}  # fmt: skip
     result = subprocess.run(
         ["sh", "-c", document_command("RunTraining", values)],
@@ -74,12 +76,16 @@ def test_a_node_of_a_1024_node_job_finds_its_rank_and_raises_its_open_file_limit
 
 @pytest.mark.slow
 def test_one_job_on_1024_simulated_nodes_survives_a_node_dying(tmp_path: Path) -> None:
-    report = rehearse(NODES, tmp_path)
+    # The session's 1,024-node synth (tests/test_supervisor_scale.py reads the same one).
+    cluster = synth(node_count=str(NODES))
+    name = cluster.config.cluster_name
+    template = copy.deepcopy(cluster.templates["operations"])  # the session's stays as it is
+    report = rehearse(NODES, tmp_path, synthesized=(name, template))
     print("\n" + "\n".join(report.lines()))
     assert report.final_status == "SUCCEEDED", report.lines()
     # The attempt the death ended, handed over for the retry, and the one that finished.
     assert len(report.executions) == 2, report.executions
-    assert report.notifications.count("trainium-cluster scale: job scale-rehearsal retry") <= 1
+    assert report.notifications.count(f"trainium-cluster {name}: job scale-rehearsal retry") <= 1
     # Two attempts, each a Preflight and a RunTraining command per batch of 50.
     assert report.calls["ssm.SendCommand"] == 2 * 2 * batches(NODES) == 84
     # The retry cancelled every batch's command: the dead node's batch its own, then the

@@ -9,43 +9,28 @@ existing placement group.
 
 from __future__ import annotations
 
-import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stacks.instance_types import CLUSTER_INSTANCE_TYPES, INSTANCE_TYPES
 from tests.cdk_support import (
+    CDK_CONTEXT,
     Synth,
     alternative,
-    cfn_lint,
+    lint_every_configuration,
     machine_of,
     matrix_settings,
     odcr,
     only_resource,
     synth,
+    synth_key,
 )
 
 
-@functools.cache
-def _lint_every_configuration() -> dict[str, list[dict[str, Any]]]:
-    """cfn-lint's findings for every configuration's templates, by file: one cfn-lint process a
-    region (its start-up costs seconds), each finding named by its file."""
-    by_region: dict[str, list[Path]] = {}
-    for settings in matrix_settings().values():
-        synthesized = synth(**settings)
-        by_region.setdefault(synthesized.config.region, []).extend(synthesized.template_paths())
-    findings: dict[str, list[dict[str, Any]]] = {}
-    for region, paths in by_region.items():
-        for finding in cfn_lint(paths, region=region):
-            findings.setdefault(finding["Filename"], []).append(finding)
-    return findings
-
-
 def _lint_findings(synthesized: Synth) -> list[dict[str, Any]]:
-    findings = _lint_every_configuration()
+    findings = lint_every_configuration()
     return [f for path in synthesized.template_paths() for f in findings.get(str(path), [])]
 
 
@@ -104,3 +89,12 @@ def test_the_largest_cluster_synthesizes_and_lints(name: str) -> None:
     machine = machine_of(synthesized.templates["operations"])
     assert "{}," * 1023 + "{}'" in json.dumps(machine["Properties"]["DefinitionString"])
     assert _lint_findings(synthesized) == []
+
+
+def test_settings_that_repeat_cdk_json_are_the_default_synth() -> None:
+    """A configuration spelled out with cdk.json's own values (the matrix's instance type
+    case of the default type, as `-c` strings) is the default cluster, synthesized once."""
+    same = {key: str(CDK_CONTEXT[key]) for key in ("instance_type", "node_count", "region")}
+    assert synth(**same) is synth()
+    other = str(int(CDK_CONTEXT["node_count"]) + 1)
+    assert synth_key(node_count=other) == (("node_count", other),)

@@ -52,9 +52,17 @@ from stacks.supervisor_limits import (
     min_poll_seconds,
     poll_events,
 )
-from tests.cdk_support import Synth, cfn_lint, machine_of, only_resource, resources, synth
+from tests.cdk_support import (
+    Synth,
+    lint_every_configuration,
+    machine_of,
+    only_resource,
+    resources,
+    synth,
+)
 from tests.cdk_support import machine_id as supervisor_id
 from tests.cluster_support import LONGEST_CODE
+from tests.node_support import unique_job_id
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -469,8 +477,11 @@ def poll_events_used(node_count: int) -> int:
 
 @pytest.mark.slow
 def test_the_operations_template_with_the_supervisor_lints_clean(default: Synth) -> None:
+    """cfn-lint's findings for the default cluster's operations template, from the one
+    cfn-lint run over every configuration's templates (tests/test_stacks_matrix.py)."""
     path = default.outdir / f"{default.config.cluster_name}-operations.template.json"
-    assert cfn_lint([path], region=default.config.region) == []
+    assert path in default.template_paths()
+    assert lint_every_configuration().get(str(path), []) == []
 
 
 # ----------------------------------------------------------------------- executions
@@ -627,7 +638,7 @@ def test_the_workflow_retries_a_cancelled_node_and_the_job_resumes_and_finishes(
     finishes. A second job started meanwhile, outside the job queue, is refused. The trainers
     hold after step 5 (workload/stop.py) until the cancel, so the job resumes from step 5 on
     any machine."""
-    job = "supervised"
+    job = unique_job_id("supervised")
     args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
                       "--eval-every", "60", "--log-every", "5")  # fmt: skip
     cluster_name = default.config.cluster_name

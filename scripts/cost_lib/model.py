@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scripts.cost_lib import EstimateError
+from scripts.cost_lib.checkpoints import CheckpointPlan
 from stacks.instance_types import (
     INSTANCE_TYPES,
     PRICE_REGION,
@@ -125,6 +126,7 @@ class Report:
     estimates: list[Estimate]
     comparisons: list[Comparison]
     notes: list[str]
+    checkpoints: CheckpointPlan | None = None  # with --checkpoint-save-seconds
 
 
 def resolve_spec(name: str) -> InstanceTypeSpec:

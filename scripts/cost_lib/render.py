@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from scripts.cost_lib.checkpoints import CheckpointPlan
 from scripts.cost_lib.model import Report
 
 
@@ -89,10 +90,42 @@ def render(report: Report) -> str:
                 f"  {other.instance_type} would need {cmp.break_even_throughput:.4g} "
                 f"{report.unit} to cost the same"
             )
+    if report.checkpoints is not None:
+        out.append("")
+        out.extend(_checkpoint_lines(report.checkpoints, main.instance_type))
     if report.notes:
         out.append("")
         out.extend(f"note: {n}" for n in report.notes)
     return "\n".join(out)
+
+
+def _checkpoint_lines(plan: CheckpointPlan, instance_type: str) -> list[str]:
+    lines = [
+        f"checkpoints on {plan.nodes} x {instance_type}: an interruption every "
+        f"{plan.mean_hours_between_interruptions:,.1f} h ({plan.interruptions_per_node_hour:.3g} "
+        f"per node-hour x {plan.nodes} nodes; {plan.rate_source})",
+        f"  a save of {fmt_duration(plan.save_seconds)}: save every "
+        f"{fmt_duration(plan.best_interval_seconds)} of training ({plan.interval_source}); an "
+        f"interruption then loses {fmt_duration(plan.lost_seconds_per_interruption_at_best)} of "
+        f"work on average, saves and lost work {plan.overhead_at_best:.2%} of the run",
+    ]
+    if plan.interval_seconds is not None:
+        assert plan.lost_seconds_per_interruption is not None and plan.overhead is not None
+        lines.append(
+            f"  at your interval of {fmt_duration(plan.interval_seconds)}: "
+            f"{fmt_duration(plan.lost_seconds_per_interruption)} lost per interruption, saves "
+            f"and lost work {plan.overhead:.2%} of the run"
+        )
+    lost = (
+        ""
+        if plan.expected_lost_seconds is None
+        else (f", {fmt_duration(plan.expected_lost_seconds)} of work redone")
+    )
+    lines.append(
+        f"  in {fmt_duration(plan.run_seconds)} to train: {plan.expected_interruptions:.3g} "
+        f"interruptions expected{lost} (the restart itself comes on top)"
+    )
+    return lines
 
 
 def _percent(fraction: float, up: str, down: str) -> str:

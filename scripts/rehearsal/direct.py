@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,15 +28,11 @@ from typing import IO, Any
 from scripts.cluster_lib import REPO_ROOT, ClusterError
 from scripts.cluster_lib.code import Snapshot, reference_snapshot
 from scripts.rehearsal.hosts import Hosts
+from scripts.rehearsal.ports import free_port
 
 NODE_SCRIPTS = REPO_ROOT / "scripts" / "node"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+#: preflight.sh's ports from the master port: its --port and the two after it.
+PREFLIGHT_PORT_OFFSETS = (100, 101, 102)
 
 
 @dataclass
@@ -159,8 +154,12 @@ class Rehearsal:
         self.node_dir = self.output / "node"
         self.echo = echo
         self.python = python
-        # Namespaces have ports of their own; loopback nodes share the machine's.
-        self.master_port = master_port or (29500 if hosts.mode == "netns" else free_port())
+        # Namespaces have ports of their own; loopback nodes share the machine's: the master
+        # port and preflight's (+100, +101, +102) come from below the ephemeral range, chosen
+        # so that two rehearsals on one machine do not take the same (ports.py says how).
+        self.master_port = master_port or (
+            29500 if hosts.mode == "netns" else free_port(*PREFLIGHT_PORT_OFFSETS)
+        )
         self.env = self._environment()
 
     def _environment(self) -> dict[str, str]:
@@ -188,6 +187,8 @@ class Rehearsal:
             TRAINIUM_LOG_DIR=str(self.node_dir / "log"),
             # The nodes share this machine: one cache of unpacked code snapshots (job_code.sh).
             TRAINIUM_CODE_CACHE=str(self.node_dir / "code"),
+            TRAINIUM_ENV_CACHE=str(self.node_dir / "envs"),
+            TRAINIUM_PRECOMPILE_DIR=str(self.node_dir / "precompile"),
             # Each node gets one process; keep each from taking every core for itself.
             OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
             TOKENIZERS_PARALLELISM="false",
@@ -240,7 +241,7 @@ class Rehearsal:
 
     def preflight(self, timeout: float = 300) -> RunningCommand:
         options = [
-            "--port", str(self.master_port + 100), "--nproc-per-node", "1",
+            "--port", str(self.master_port + PREFLIGHT_PORT_OFFSETS[0]), "--nproc-per-node", "1",
             "--jobs-root", str(self.jobs), "--min-free-gb", "1", "--wait-ready", "0",
         ]  # fmt: skip
         return self.start("preflight.sh", options)

@@ -27,6 +27,7 @@ every node: its collective check needs every node's process.
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ def simulated_output(instance: Instance, document: str, size: int, stream: str) 
 FAKE_IP = """#!/usr/bin/env bash
 if [[ "$*" == "-o -4 addr show" ]]; then
   echo "1: lo    inet 127.0.0.1/8 scope host lo"
-  echo "2: ens5    inet __ADDRESS__/16 brd 10.128.255.255 scope global ens5"
+  echo "2: ens5    inet __ADDRESS__/16 brd __BROADCAST__ scope global ens5"
   exit 0
 fi
 exec /usr/sbin/ip "$@"
@@ -95,11 +96,16 @@ class _Agent:
 
 
 class SimulatedHosts:
-    """`count` addresses in 10.128.0.0/16 (no namespaces)."""
+    """`count` addresses in 10.X.0.0/16 (no namespaces), X from 128 to 254 drawn for each
+    rehearsal: launch.sh on a node stops whatever any job left on its address (and a node's
+    death kills every process tagged with it), so two rehearsals on one machine must not
+    share addresses."""
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self.addresses = [f"10.128.{slot // 250}.{slot % 250 + 4}" for slot in range(count)]
+        self.network = f"10.{128 + secrets.randbelow(127)}"
+        self.broadcast = f"{self.network}.255.255"
+        self.addresses = [f"{self.network}.{slot // 250}.{slot % 250 + 4}" for slot in range(count)]
 
     def close(self) -> None:
         pass
@@ -116,6 +122,7 @@ class SimulatedInstances(Instances):
 
     def __init__(self, hosts: SimulatedHosts, output: Path, ids: Any, **_: Any) -> None:
         self.hosts = hosts  # type: ignore[assignment]
+        self.broadcast = hosts.broadcast
         self.output = output
         self.ids = ids
         self.cluster_name = str(_.get("cluster_name", "rehearsal"))
@@ -149,7 +156,8 @@ class SimulatedInstances(Instances):
         shared.mkdir(parents=True, exist_ok=True)
         if not (root / "fsx" / "data").is_symlink():
             (root / "fsx" / "data").symlink_to(shared)
-        tools = {"ip": FAKE_IP.replace("__ADDRESS__", instance.address),
+        ip = FAKE_IP.replace("__ADDRESS__", instance.address)
+        tools = {"ip": ip.replace("__BROADCAST__", self.broadcast),
                  "neuron-ls": FAKE_NEURON_LS, "torchrun": FAKE_TORCHRUN}  # fmt: skip
         for name, text in tools.items():
             (root / "bin" / name).write_text(text)
@@ -173,7 +181,9 @@ class SimulatedInstances(Instances):
                 "TRAINIUM_CLUSTER_ENV": str(root / "cluster.env"),
                 "TRAINIUM_STATE_DIR": str(root / "state"),
                 "TRAINIUM_LOG_DIR": str(root / "log"),
-                "TRAINIUM_CODE_CACHE": str(root / "code-cache")}  # fmt: skip
+                "TRAINIUM_CODE_CACHE": str(root / "code-cache"),
+                "TRAINIUM_ENV_CACHE": str(root / "env-cache"),
+                "TRAINIUM_PRECOMPILE_DIR": str(root / "precompile")}  # fmt: skip
 
     def terminate(self, instance: Instance) -> None:
         instance.state = "terminated"

@@ -1,7 +1,7 @@
 """The rehearsal's hosts: one address per node, and a way to run and kill a node's processes.
 
 Each node is a Linux network namespace joined to the others by a bridge (`NetnsHosts`, as root
-with iproute2), or a loopback address 127.0.0.x (`LoopbackHosts`, no privileges). Traffic never
+with iproute2), or a loopback address 127.X.Y.n (`LoopbackHosts`, no privileges). Traffic never
 leaves the machine: the namespaces have no route out and the loopback addresses stay on lo.
 launch.sh tags a job's processes with TRAINIUM_JOB_ID and TRAINIUM_NODE_ADDRESS in their
 environment; `tagged_pids` and `job_processes` find them by those tags.
@@ -151,14 +151,21 @@ class NetnsHosts(Hosts):
 
 
 class LoopbackHosts(Hosts):
-    """Loopback addresses 127.0.0.1..N on lo: needs no privileges; launch.sh gets
-    --node-address because every address is local to every node."""
+    """Loopback addresses 127.X.Y.1..N on lo (Linux answers all of 127.0.0.0/8 there): needs
+    no privileges; launch.sh gets --node-address because every address is local to every
+    node. X.Y is drawn for each rehearsal: launch.sh stops whatever any job left on its node
+    address and `kill` ends every process tagged with a node's address, so two rehearsals on
+    one machine must not share addresses (one in 65,000 that two draws meet)."""
 
     mode = "loopback"
 
     def __init__(self, count: int) -> None:
         super().__init__(count)
-        self.addresses = [f"127.0.0.{i + 1}" for i in range(count)]
+        if not 1 <= count <= 254:
+            raise ClusterError(f"{count} loopback nodes: use 1 to 254")
+        block = secrets.randbelow(254 * 256)
+        self.prefix = f"127.{block // 256 + 1}.{block % 256}"
+        self.addresses = [f"{self.prefix}.{i + 1}" for i in range(count)]
 
     def launch_options(self, index: int) -> list[str]:
         return ["--node-address", self.addresses[index]]

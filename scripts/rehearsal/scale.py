@@ -153,10 +153,22 @@ def _timed_cli(cloud: LocalCloud, command: str) -> float:
     return time.monotonic() - started
 
 
-def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
-    """One job on `nodes` simulated nodes, one of which dies once every node runs it."""
+def rehearse(
+    nodes: int,
+    output: Path,
+    *,
+    timeout: float = 1200,
+    synthesized: tuple[str, dict[str, Any]] | None = None,
+) -> ScaleReport:
+    """One job on `nodes` simulated nodes, one of which dies once every node runs it.
+    `synthesized`: a cluster's name and its operations template, synthesized elsewhere with
+    cdk.json's context and node_count=`nodes` (a test session's cached synth); by default
+    the cluster `scale` is synthesized here."""
     report = ScaleReport(nodes)
-    template = synthesize_operations(CLUSTER_NAME, nodes)
+    cluster_name, template = synthesized or (
+        CLUSTER_NAME,
+        synthesize_operations(CLUSTER_NAME, nodes),
+    )
     hosts: Any = SimulatedHosts(nodes)
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     room = REAL_CORES if hard == resource.RLIM_INFINITY else (hard - 1024) // nodes
@@ -171,7 +183,7 @@ def rehearse(nodes: int, output: Path, *, timeout: float = 1200) -> ScaleReport:
         real_cores = max(1, min(REAL_CORES, room))
 
     with (
-        LocalCloud(hosts, output, cluster_name=CLUSTER_NAME, instances=Fleet) as cloud,
+        LocalCloud(hosts, output, cluster_name=cluster_name, instances=Fleet) as cloud,
         local_supervisor(cloud, template) as arn,
         map_run_histories() as children,
         contextlib.ExitStack() as stack,
