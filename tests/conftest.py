@@ -52,6 +52,13 @@ SYNTH_MODULES = (
     "test_redeploy_resume",
 )
 
+#: Tests outside those modules that read the whole matrix's one cfn-lint run
+#: (tests/cdk_support.py lint_every_configuration): on the synth worker too.
+SYNTH_TESTS = ("test_the_operations_template_with_the_supervisor_lints_clean",)
+#: The 1,024-node synth, made once for the supervisor's scale tests and the scale rehearsal.
+SCALE_GROUP = "scale"
+SCALE_MODULES = ("test_supervisor_scale.py", "test_scale_rehearsal.py")
+
 #: Modules whose module-scoped fixture runs a job (a reference training run, a benchmark, a wheel
 #: build) that several of their tests read: each is one xdist group, so the job runs once.
 MODULE_GROUPS = (
@@ -67,12 +74,15 @@ MAX_WORKERS = 4
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The stack tests grouped (SYNTH_GROUP) and MODULE_GROUPS; under xdist, the tests marked
-    slow first, so that the longest tests start early and the short ones fill in around them,
-    not after them (a serial run keeps the modules in order, each module's fixtures made once)."""
+    """The stack tests grouped (SYNTH_GROUP), the scale tests (SCALE_GROUP) and MODULE_GROUPS;
+    under xdist, the tests marked slow first, so that the longest tests start early and the
+    short ones fill in around them, not after them (a serial run keeps the modules in order,
+    each module's fixtures made once)."""
     for item in items:
-        if item.path.name.startswith(SYNTH_MODULES):
+        if item.path.name.startswith(SYNTH_MODULES) or item.name in SYNTH_TESTS:
             item.add_marker(pytest.mark.xdist_group(SYNTH_GROUP))
+        elif item.path.name in SCALE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SCALE_GROUP))
         elif item.path.name in MODULE_GROUPS:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if os.environ.get("PYTEST_XDIST_WORKER"):
