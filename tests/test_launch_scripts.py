@@ -134,7 +134,11 @@ BAD_INPUT = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("args", "message"), BAD_INPUT)
+# The IDs name the address as <address>: it is drawn per test process (node_support), and
+# pytest-xdist needs every worker to collect the same test IDs.
+@pytest.mark.parametrize(
+    ("args", "message"), BAD_INPUT, ids=[m.replace(ADDRESS, "<address>") for _, m in BAD_INPUT]
+)
 def test_launch_refuses_bad_input_with_one_line(
     node: FakeNode, args: list[str], message: str
 ) -> None:
