@@ -339,6 +339,8 @@ def cmd_deploy(cluster: Cluster, args: argparse.Namespace) -> int:
 
 
 def cmd_status(cluster: Cluster) -> int:
+    from scripts.cluster_lib.spares import job_nodes, role_of, spare_count
+
     outputs = cluster.outputs()
     out(
         f"cluster {outputs['ClusterName']} (stack {outputs.stack_name}): "
@@ -356,7 +358,11 @@ def cmd_status(cluster: Cluster) -> int:
     nodes, starting = cluster.running_nodes()
     status = cluster.fleet.ssm_status(nodes)
     software = cluster.fleet.reported_software() if nodes else {}
-    out(f"nodes: {len(nodes)} running of {outputs['NodeCount']}, {starting} starting")
+    spares, running = spare_count(outputs), {}
+    if spares:
+        running = job_nodes(cluster.clients.ssm, outputs)
+    wanted = f"{outputs['NodeCount']}" + (f" + {spares} spare" if spares else "")
+    out(f"nodes: {len(nodes)} running of {wanted}, {starting} starting")
     stale = 0
     for rank, node in enumerate(nodes):
         launched = node.launch_time.strftime("%Y-%m-%d %H:%M") if node.launch_time else "-"
@@ -371,6 +377,7 @@ def cmd_status(cluster: Cluster) -> int:
             f"{node.image_id or '-':<21} template v{version:<4} "
             f"software {software.get(node.instance_id, '?'):<16} launched {launched}"
             + ("  (older launch template)" if old else "")
+            + (f"  {role_of(node.instance_id, running)}" if spares else "")
         )
     if stale:
         out(

@@ -32,8 +32,10 @@ are in ``scripts/cost_lib``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -48,6 +50,7 @@ from scripts.cost_lib.inputs import (
     read_bench,
     read_metrics,
 )
+from scripts.cost_lib.interruptions import LLAMA3_RATE_PER_NODE_HOUR, RATE_SOURCE
 from scripts.cost_lib.model import (
     SAGEMAKER_PREFIX,
     UNITS,
@@ -62,6 +65,13 @@ from scripts.cost_lib.model import (
     train_seconds_for,
 )
 from scripts.cost_lib.render import render, to_json
+from scripts.cost_lib.spares import (
+    REPLACEMENT_SECONDS,
+    SUPERVISOR_RETRY_SECONDS,
+    SpareEstimate,
+    estimate_spares,
+    render_spares,
+)
 from stacks.instance_types import PRICE_REGION, PRICES_AS_OF
 
 DEFAULT_COMPARE = ("p4d.24xlarge", "p5.48xlarge")
@@ -203,24 +213,71 @@ def build_parser() -> argparse.ArgumentParser:
         "--interruptions-per-node-hour",
         type=positive,
         metavar="RATE",
-        help="default: Meta's Llama 3 pre-training, 419 in 54 days on 2,048 nodes (1.58e-4)",
+        help="interruptions (node deaths) per node-hour, for the checkpoint interval and the "
+        f"spares (default {LLAMA3_RATE_PER_NODE_HOUR:.3g}: {RATE_SOURCE})",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_spare_options(p)
     return p
+
+
+def add_spare_options(p: argparse.ArgumentParser) -> None:
+    """Warm spares (the cluster's spare_nodes) against the time they save (cost_lib/spares.py)."""
+    g = p.add_argument_group("warm spares")
+    g.add_argument(
+        "--spare-nodes",
+        type=positive_int,
+        help="spares beside --nodes: compare their cost with the waiting they save",
+    )
+    g.add_argument(
+        "--replacement-seconds",
+        type=positive,
+        default=REPLACEMENT_SECONDS,
+        help="a replacement's EC2 launch and bootstrap (default %(default)g: 26 s launch and "
+        "the 45-minute bootstrap lifecycle timeout)",
+    )
+    g.add_argument(
+        "--supervisor-retry-seconds",
+        type=positive,
+        default=SUPERVISOR_RETRY_SECONDS,
+        help="the supervisor's 2P + G + R before a retry (default %(default)g: its defaults)",
+    )
+
+
+def spares_for(args: argparse.Namespace, report: Report) -> SpareEstimate | None:
+    """The spares' estimate for the main candidate, or None without --spare-nodes."""
+    if args.spare_nodes is None:
+        return None
+    main = report.estimates[0]
+    rate = args.interruptions_per_node_hour
+    return estimate_spares(
+        nodes=main.nodes,
+        spare_nodes=args.spare_nodes,
+        usd_per_node_hour=main.usd_per_node_hour,
+        train_seconds=main.total_seconds,
+        rate_per_node_hour=rate if rate is not None else LLAMA3_RATE_PER_NODE_HOUR,
+        rate_source="given" if rate is not None else RATE_SOURCE,
+        replacement_seconds=args.replacement_seconds,
+        supervisor_retry_seconds=args.supervisor_retry_seconds,
+    )
 
 
 def run(args: argparse.Namespace) -> Report:
     main_type: str = args.instance_type
     spec = resolve_spec(main_type)
-    if args.checkpoint_save_seconds is None:
-        for flag, value in (
-            ("--checkpoint-every-seconds", args.checkpoint_every_seconds),
-            ("--interruptions-per-node-hour", args.interruptions_per_node_hour),
-        ):
-            if value is not None:
-                raise EstimateError(
-                    f"{flag} needs --checkpoint-save-seconds (how long a save takes)"
-                )
+    if args.checkpoint_save_seconds is None and args.checkpoint_every_seconds is not None:
+        raise EstimateError(
+            "--checkpoint-every-seconds needs --checkpoint-save-seconds (how long a save takes)"
+        )
+    if (
+        args.interruptions_per_node_hour is not None
+        and args.checkpoint_save_seconds is None
+        and args.spare_nodes is None
+    ):
+        raise EstimateError(
+            "--interruptions-per-node-hour needs --checkpoint-save-seconds (how long a save "
+            "takes) or --spare-nodes (what spares save)"
+        )
     prices = _keyed(args.price, "--price", main_type)
     nodes = _keyed(args.nodes, "--nodes", main_type, int)
     seconds = _keyed(args.seconds, "--seconds", main_type)
@@ -395,10 +452,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         report = run(args)
+        spares = spares_for(args, report)
     except EstimateError as exc:
         print(f"estimate_cost.py: error: {exc}", file=sys.stderr)
         return 2
-    print(to_json(report) if args.json else render(report))
+    if spares is None:
+        print(to_json(report) if args.json else render(report))
+    elif args.json:
+        print(json.dumps({**json.loads(to_json(report)), "spares": asdict(spares)}, indent=2))
+    else:
+        print("\n".join([render(report), *render_spares(spares)]))
     return 0
 
 

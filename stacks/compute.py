@@ -342,14 +342,16 @@ class ClusterNodes(Construct):
         # A Capacity Block cannot launch before it starts: the group starts empty and the
         # scheduled actions below size it (Auto Scaling user guide, "Use Capacity Blocks for
         # machine learning workloads").
-        initial = "0" if config.capacity_block else str(config.node_count)
+        # The group's size counts the warm spares (spare_nodes): every node is bootstrapped and
+        # in service, and the job supervisor takes node_count of them for an attempt.
+        initial = "0" if config.capacity_block else str(config.group_size)
         self.lifecycle_hook_name = config.lifecycle_hook_name
         self.auto_scaling_group = autoscaling.CfnAutoScalingGroup(
             self,
             "AutoScalingGroup",
             auto_scaling_group_name=config.auto_scaling_group_name,
             min_size=initial,
-            max_size=str(config.node_count),
+            max_size=str(config.group_size),
             desired_capacity=initial,
             vpc_zone_identifier=[subnet.subnet_id],
             placement_group=placement_group_name,
@@ -398,9 +400,9 @@ class ClusterNodes(Construct):
                 "ScaleOutAtBlockStart",
                 auto_scaling_group_name=group.ref,
                 start_time=config.capacity_block_scale_out_time,
-                min_size=config.node_count,
-                max_size=config.node_count,
-                desired_capacity=config.node_count,
+                min_size=config.group_size,
+                max_size=config.group_size,
+                desired_capacity=config.group_size,
             ),
             # Before EC2 reclaims the block (30 minutes before its end), so that the group does
             # not keep launching into a reservation that is gone.

@@ -131,6 +131,13 @@ class ClusterConfig:
     az_id: str = _setting("", "an Availability Zone ID of the region, such as use1-az6")
     instance_type: str = _setting("trn1.32xlarge", ", ".join(CLUSTER_INSTANCE_TYPES))
     node_count: int = _setting(2, f"1 to {MAX_NODES}")
+    #: Warm spares: the group runs node_count + spare_nodes nodes, all bootstrapped; a job runs
+    #: on node_count of them and a retry after a node's death starts on a spare at once.
+    spare_nodes: int = _setting(
+        0,
+        f"0 or more, with node_count + spare_nodes at most {MAX_NODES} (at most "
+        f"{CAPACITY_BLOCK_MAX_NODES} with capacity_block=true)",
+    )
     #: The table's Neuron DLAMI (found at the first deploy), a pinned AMI ID, or an SSM
     #: parameter resolved at every deploy.
     ami: str = _setting(
@@ -261,6 +268,7 @@ class ClusterConfig:
                 f"node_count 1 to {CAPACITY_BLOCK_MAX_NODES} with capacity_block=true, or up to "
                 f"{MAX_NODES} On-Demand or in a capacity reservation (capacity_block=false)"
             )
+        self._check_spares()
         self._check_capacity(az_id_given)
         self._require(self.internet_egress in INTERNET_EGRESS_CHOICES, "internet_egress")
         if self.internet_egress == "endpoints" and not _AMI_ID_RE.match(self.ami):
@@ -299,6 +307,25 @@ class ClusterConfig:
                 "/fsx/data and /fsx/jobs would link to one bucket's root; allowed: the two "
                 "different buckets a cluster kept"
             )
+
+    def _check_spares(self) -> None:
+        """Spares are instances like the job's: they count against MAX_NODES (every per-node
+        resource of the launch path is sized for it) and against a Capacity Block's size."""
+        self._require(self.spare_nodes >= 0, "spare_nodes", "out of range")
+        limit, where = MAX_NODES, "a cluster"
+        if self.capacity_block:
+            limit, where = CAPACITY_BLOCK_MAX_NODES, "a Capacity Block"
+        if self.group_size > limit:
+            raise ConfigError(
+                f"node_count={self.node_count} with spare_nodes={self.spare_nodes} is "
+                f"{self.group_size} instances, more than {where} holds ({limit}); allowed: "
+                f"node_count + spare_nodes at most {limit}"
+            )
+
+    @property
+    def group_size(self) -> int:
+        """The Auto Scaling group's size: the job's nodes and the warm spares."""
+        return self.node_count + self.spare_nodes
 
     def _check_capacity(self, az_id_given: bool) -> None:
         """Reservations, Capacity Blocks and placement groups: only combinations that launch."""

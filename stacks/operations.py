@@ -385,6 +385,7 @@ class OperationsStack(cdk.Stack):
             "ClusterName": config.cluster_name,
             "ClusterTagKey": CLUSTER_TAG_KEY,
             "NodeCount": str(config.node_count),
+            "SpareNodes": str(config.spare_nodes),
             "InstanceType": config.instance_type,
             "AutoScalingGroupName": config.auto_scaling_group_name,
             **{f"{name}DocumentName": doc.ref for name, doc in self.documents.items()},

@@ -60,12 +60,13 @@ RELINKS: Mapping[str, str] = {
     "checkpoint_bucket_name": "links /fsx/jobs to another bucket: running jobs lose where they "
     "save",
 }
-#: node_count ends nodes only when it goes down.
+#: node_count and spare_nodes (the group's size together) end nodes only when one goes down:
+#: the group's termination policy may pick a node of the running job, not a spare.
 NODE_COUNT_DOWN = "Auto Scaling terminates the nodes above the new count"
 
 
 def disruption(key: str, old: object, new: object) -> str | None:
     """Why changing `key` from `old` to `new` ends running jobs or replaces nodes, or None."""
-    if key == "node_count":
+    if key in ("node_count", "spare_nodes"):
         return NODE_COUNT_DOWN if int(str(new)) < int(str(old)) else None
     return DISRUPTIVE.get(key) or RELINKS.get(key)

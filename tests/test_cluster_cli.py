@@ -229,6 +229,29 @@ def test_precompile_sends_steps_and_train_args(aws: FakeAws) -> None:
     aws.verify()
 
 
+def test_warm_spares_are_awaited_with_the_nodes_and_precompile_traces_the_jobs_world(
+    aws: FakeAws,
+) -> None:
+    """With spare_nodes=1 the group runs node_count + 1 nodes: the CLI waits for all 3 (not
+    "3 nodes are running but the cluster has 2"), and Precompile traces on node_count of them,
+    the world size of the job the supervisor runs on them (JoinHosts)."""
+    nodes = aws.launch(3)
+    aws.stack({**OUTPUTS, "SpareNodes": "1"})
+    aws.online(nodes)
+    cluster = aws.cluster()
+    found = cluster.wait_for_nodes()
+    assert [n.instance_id for n in found] == [i["InstanceId"] for i in nodes]
+    aws.online(nodes)
+    parameters = {
+        "Hosts": hosts(nodes[:2]), "JobId": "bert-1", "MasterPort": "29500",
+        "NprocPerNode": "auto", "Steps": "5", **INPUTS.parameters(), "TrainArgs": "--model tiny",
+    }  # fmt: skip
+    aws.all_succeed(aws.send("Precompile", nodes[:2], parameters), nodes[:2])
+    assert cluster.precompile("bert-1", ["--model", "tiny"], INPUTS, steps="5").ok
+    aws.verify()
+    assert aws.time.slept == []
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), *args],

@@ -579,3 +579,55 @@ def test_the_groups_template_is_found_by_id_or_by_name(aws: FakeAws, by: str) ->
         "id": template["LaunchTemplateId"], "version": "1", "ami": "ami-12c6146b",
     }  # fmt: skip
     aws.verify()
+
+
+def test_status_names_the_spares_and_the_nodes_that_run_a_job(aws: FakeAws) -> None:
+    """A cluster with spare_nodes=1 runs 3 nodes for a 2-node job: status shows which 2 run
+    the job (the targets of its RunTraining command still executing: ListCommands'
+    ExecutionStage filter, SSM API reference, CommandFilter) and which one is the spare."""
+    from scripts import cluster as cli
+
+    nodes = aws.launch(3)
+    ids = [n["InstanceId"] for n in nodes]
+    aws.stack({**OUTPUTS, "SpareNodes": "1"})
+    aws.stubs["autoscaling"].add_response(
+        "describe_auto_scaling_groups", {"AutoScalingGroups": []},
+        {"AutoScalingGroupNames": [GROUP]},
+    )  # fmt: skip
+    aws.online(nodes)
+    aws.stubs["ssm"].add_response(
+        "list_commands", {"Commands": []},
+        {"Filters": [{"key": "DocumentName", "value": OUTPUTS["PreflightDocumentName"]}],
+         "MaxResults": 10},
+    )  # fmt: skip
+    run = "00000000-0000-4000-8000-000000000001"
+    aws.stubs["ssm"].add_response(
+        "list_commands",
+        {"Commands": [{"CommandId": run, "Parameters": {"JobId": ["bert-1"]}}]},
+        {"Filters": [{"key": "DocumentName", "value": OUTPUTS["RunTrainingDocumentName"]},
+                     {"key": "ExecutionStage", "value": "Executing"}]},
+    )  # fmt: skip
+    aws.stubs["ssm"].add_response(
+        "list_command_invocations",
+        {"CommandInvocations": [
+            {"CommandId": run, "InstanceId": ids[0], "Status": "InProgress"},
+            {"CommandId": run, "InstanceId": ids[2], "Status": "InProgress"},
+        ]},
+        {"CommandId": run},
+    )  # fmt: skip
+    for name in ("RunTraining", "Preflight", "Precompile", "StopTraining"):
+        aws.stubs["ssm"].add_response(
+            "list_commands", {"Commands": []},
+            {"Filters": [{"key": "DocumentName", "value": OUTPUTS[f"{name}DocumentName"]}],
+             "MaxResults": 8},
+        )  # fmt: skip
+    printed, restore = capture(cli)
+    try:
+        assert cli.cmd_status(aws.cluster()) == 0
+    finally:
+        restore()
+    aws.verify()
+    assert printed[2] == "nodes: 3 running of 2 + 1 spare, 0 starting"
+    rows = {row.split()[1]: row for row in printed[3:6]}
+    assert rows[ids[0]].endswith("  job bert-1") and rows[ids[2]].endswith("  job bert-1")
+    assert rows[ids[1]].endswith("  spare")

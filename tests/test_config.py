@@ -251,6 +251,19 @@ def test_az_id_prefix(region: str, prefix: str) -> None:
             "set of nodes)",
         ),
         ({"node_wait_hours": "a day"}, "node_wait_hours='a day' is not a whole number; allowed:"),
+        ({"spare_nodes": "-1"}, "spare_nodes=-1 is out of range; allowed: 0 or more, with "),
+        (
+            {"node_count": "1000", "spare_nodes": "25"},
+            "node_count=1000 with spare_nodes=25 is 1025 instances, more than a cluster holds "
+            "(1024); allowed: node_count + spare_nodes at most 1024",
+        ),
+        (
+            # Spares are the block's instances too (Amazon EC2 user guide, Capacity Blocks for
+            # ML: one to 64 instances).
+            {**CAPACITY_BLOCK, "node_count": "64", "spare_nodes": "1"},
+            "node_count=64 with spare_nodes=1 is 65 instances, more than a Capacity Block holds "
+            "(64); allowed: node_count + spare_nodes at most 64",
+        ),
         ({"cluster_name": "Trainium_1"}, "cluster_name='Trainium_1' is not allowed; allowed: "),
         ({"cluster_name": "a" * 25}, f"cluster_name='{'a' * 25}' is not allowed; allowed: 1-24"),
         ({"node_cout": "4"}, "node_cout is not a setting (did you mean node_count?); allowed: "),
@@ -276,6 +289,12 @@ def test_endpoints_with_a_pinned_ami_is_allowed() -> None:
 
 def test_existing_placement_group_without_reservation_is_allowed() -> None:
     assert from_context(placement_group_name="my-group").placement_group_name == "my-group"
+
+
+def test_spares_fill_a_capacity_block_up_to_its_size() -> None:
+    config = from_context(**CAPACITY_BLOCK, node_count="60", spare_nodes="4")
+    assert (config.node_count, config.spare_nodes, config.group_size) == (60, 4, 64)
+    assert ClusterConfig().group_size == 2  # no spares by default
 
 
 def test_single_node_without_efa_is_allowed() -> None:

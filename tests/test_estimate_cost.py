@@ -481,7 +481,7 @@ CHECKPOINT_RUN = ["--nodes", "64", "--throughput", "3800", "--dataset-size", "1e
 def test_the_interruption_rate_is_meta_llama3s_per_node_hour() -> None:
     """419 unexpected interruptions in 54 days on 16,384 H100s, 8 a server (Llama 3 paper,
     section 3.3.4): 1.58e-4 per node-hour, one per 6,335 node-hours."""
-    from scripts.cost_lib.checkpoints import LLAMA3_PER_NODE_HOUR
+    from scripts.cost_lib.interruptions import LLAMA3_RATE_PER_NODE_HOUR as LLAMA3_PER_NODE_HOUR
 
     assert pytest.approx(419 / (54 * 24 * 16_384 / 8)) == LLAMA3_PER_NODE_HOUR
     assert round(1 / LLAMA3_PER_NODE_HOUR) == 6335
@@ -530,6 +530,66 @@ def test_estimate_shows_the_best_interval_and_the_cost_of_an_interruption(
     assert run_json(capsys, *CHECKPOINT_RUN[:-2])["checkpoints"] is None
 
 
+# Warm spares (scripts/cost_lib/spares.py): what spare_nodes cost against the waiting they save.
+
+#: A 10-day run (--seconds) on trn1.32xlarge at the table's price, with one spare.
+SPARE_ARGS = ["--seconds", "864000", "--compare", "p5.48xlarge=1", "--spare-nodes", "1"]
+
+
+def test_the_interruption_rate_is_llama_3s_per_node_hour() -> None:
+    from scripts.cost_lib import interruptions
+
+    # "The Llama 3 Herd of Models" (Meta, 2024), section 3.3.4, Table 5: 419 unexpected
+    # interruptions in a 54-day snapshot on 16,384 H100 GPUs, 8 to a server.
+    assert interruptions.LLAMA3_NODE_HOURS == 2048 * 54 * 24 == 2_654_208
+    rate = interruptions.LLAMA3_RATE_PER_NODE_HOUR
+    assert rate == pytest.approx(1.5786e-4, rel=1e-3)  # one interruption per 6,335 node-hours
+    assert "419 unexpected interruptions in 54 days on 16,384 GPUs" in interruptions.RATE_SOURCE
+
+
+def test_a_spare_saves_the_replacement_minus_the_supervisors_share(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = run_json(capsys, "--nodes", "256", *SPARE_ARGS)
+    s = report["spares"]
+    # The supervisor's defaults (2P + G + R = 960 s) against a 26 s launch and the 45-minute
+    # bootstrap bound: 1,766 s less waiting per death.
+    assert s["supervisor_retry_seconds"] == 960
+    assert s["replacement_seconds"] == 26 + 2700
+    assert s["saved_seconds_per_death"] == 1766
+    assert s["expected_deaths"] == pytest.approx(s["interruptions_per_node_hour"] * 256 * 240)
+    assert s["hours_saved"] == pytest.approx(s["expected_deaths"] * 1766 / 3600)
+    assert s["spare_node_hours"] == pytest.approx(240)
+    price = table_price("trn1.32xlarge")
+    assert s["cost_with_spares_usd"] == pytest.approx(257 * price * 240)
+    assert s["cost_without_spares_usd"] == pytest.approx(256 * price * (240 + s["hours_saved"]))
+    assert s["net_saving_usd"] > 0  # at 256 nodes one spare pays for itself
+
+
+def test_spares_pay_only_above_the_break_even_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    small = run_json(capsys, "--nodes", "64", *SPARE_ARGS)["spares"]
+    assert small["net_saving_usd"] < 0  # at Llama 3's rate, 64 nodes meet too few deaths
+    rate = small["break_even_rate_per_node_hour"]
+    assert rate == pytest.approx(1 / (64 * 64 * 1766 / 3600))
+    at = run_json(capsys, "--nodes", "64", *SPARE_ARGS, "--interruptions-per-node-hour", str(rate))[
+        "spares"
+    ]
+    assert at["net_saving_usd"] == pytest.approx(0, abs=0.01)
+    assert at["rate_source"] == "given"
+    text = run_text(capsys, "--nodes", "64", *SPARE_ARGS)
+    assert "they cost more than they save" in text
+    assert "The Llama 3 Herd of Models" in text
+
+
+def test_a_spare_saves_nothing_where_the_replacement_is_quicker_than_the_retry(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    s = run_json(capsys, "--nodes", "8", *SPARE_ARGS, "--replacement-seconds", "600")["spares"]
+    assert s["saved_seconds_per_death"] == 0
+    assert s["break_even_rate_per_node_hour"] is None
+    assert s["net_saving_usd"] < 0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -548,3 +608,22 @@ def test_bad_checkpoint_input_is_one_clear_line(
         code = exit.code
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--interruptions-per-node-hour", "0.001"], "--interruptions-per-node-hour needs"),
+        (["--spare-nodes", "0"], "argument --spare-nodes: expected a whole number >= 1"),
+    ],
+)
+def test_bad_spare_input_is_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    try:
+        status = ec.main(["--seconds", "3600", "--compare", "p5.48xlarge=1", *args])
+    except SystemExit as exit_:  # argparse's own refusal
+        status = exit_.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

@@ -50,6 +50,8 @@ CHANGES: list[tuple[str, dict[str, str], dict[str, str]]] = [
     ("instance_type", {}, {"instance_type": "trn1n.32xlarge"}),
     ("node_count", {}, {"node_count": "4"}),
     ("node_count", {"node_count": "4"}, {}),
+    ("spare_nodes", {}, {"spare_nodes": "1"}),
+    ("spare_nodes", {"spare_nodes": "1"}, {}),
     ("ami", {}, {"ami": "ami-0123456789abcdef0"}),
     ("fsx_storage_gib", {}, {"fsx_storage_gib": "2400"}),
     ("fsx_throughput_per_tib", {}, {"fsx_throughput_per_tib": "500"}),

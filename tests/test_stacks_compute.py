@@ -12,6 +12,7 @@ from stacks.compute import software_version
 from stacks.config import CLUSTER_TAG_KEY, ROLE_TAG_KEY
 from stacks.instance_types import INSTANCE_TYPES
 from tests.cdk_support import (
+    ALTERNATIVE_SETTINGS,
     REPO_ROOT,
     Synth,
     alternative,
@@ -176,6 +177,23 @@ def test_capacity_block_group_is_empty_until_the_block_starts() -> None:
         assert action["Properties"]["AutoScalingGroupName"] == {"Ref": group_id}
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", action["Properties"]["StartTime"])
         assert "Recurrence" not in action["Properties"]  # once, not every day
+
+
+def test_warm_spares_are_part_of_the_group_and_of_the_blocks_scale_out() -> None:
+    # A Capacity Block's instances are the group's: node_count 4 + 1 spare scale out at the
+    # block's start and in before its end together (Auto Scaling user guide, "Use Capacity
+    # Blocks for machine learning workloads"); the group's own size is 0 until then.
+    synthesized = synth(**{**ALTERNATIVE_SETTINGS, "spare_nodes": "1"})
+    props = group_properties(synthesized)
+    assert (props["MinSize"], props["MaxSize"], props["DesiredCapacity"]) == ("0", "5", "0")
+    assert _group_size_over_time(synthesized, "2026-12-01T11:30:00Z") == 5
+    for action in resources(
+        synthesized.templates["compute"], "AWS::AutoScaling::ScheduledAction"
+    ).values():
+        if action["Properties"]["DesiredCapacity"]:
+            assert action["Properties"]["MinSize"] == action["Properties"]["MaxSize"] == 5
+    on_demand = group_properties(synth(spare_nodes="2"))
+    assert on_demand["MinSize"] == on_demand["MaxSize"] == on_demand["DesiredCapacity"] == "4"
 
 
 def test_stack_updates_keep_the_scheduled_group_size() -> None:

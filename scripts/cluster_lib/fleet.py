@@ -20,6 +20,7 @@ from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.clients import Clients, Patience, aws_errors
 from scripts.cluster_lib.command_history import CommandHistory, attempt_of, newest
 from scripts.cluster_lib.outputs import Stack
+from scripts.cluster_lib.spares import spare_count
 
 ROLE_TAG = "trainium-cluster:role"
 #: EC2 tags every instance launched from a launch template with the template's ID and the
@@ -128,13 +129,14 @@ class Fleet:
         return status
 
     def wait_for_nodes(self, *, require_all: bool = True) -> list[Node]:
-        """Waits until NodeCount nodes run and are online in SSM; returns them in rank order.
+        """Waits until NodeCount nodes and the warm spares (SpareNodes) run and are online in
+        SSM; returns them in rank order.
 
         The first node is the master. With require_all=False returns whatever nodes are
         running and online (for stop).
         """
         outputs = self.stack.outputs()
-        expected = outputs.node_count
+        expected = outputs.node_count + spare_count(outputs)
         deadline = self.patience.clock() + self.wait_timeout
         last = ""
         while True:

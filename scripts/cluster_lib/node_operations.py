@@ -131,7 +131,9 @@ class NodeOperations:
             Steps=steps, **inputs.parameters(),
         )  # fmt: skip
         load("Precompile").check(parameters, CLI_LABELS)
-        nodes = self.fleet.wait_for_nodes()
+        # The job's world: node_count nodes, as the supervisor's JoinHosts takes them, not the
+        # warm spares beside them (a graph traced for another world size is another graph).
+        nodes = self.fleet.wait_for_nodes()[: self.fleet.stack.outputs().node_count]
         parameters["Hosts"] = hosts(nodes)
         return self.commands.run("Precompile", nodes, parameters, f"{job_id} precompile")
 

@@ -10,13 +10,9 @@ redone ((tau + C) / 2M of it) is least at tau = sqrt(2 C M), Young's interval an
 term of Daly's (his higher-order terms matter only where C approaches M, and are left out).
 The restart itself (a replacement node, the load of the checkpoint) comes on top.
 
-The interruption rate: Meta's Llama 3 paper (Llama Team, AI @ Meta, "The Llama 3 Herd of
-Models", arXiv:2407.21783, 2024, section 3.3.4 "Reliability and Operational Challenges"):
-419 unexpected interruptions in a 54-day snapshot of pre-training on 16,384 H100 GPUs, eight
-to a server (2,048 nodes). Per node-hour: 419 / (54 days x 24 h x 2,048 nodes) = 1.58e-4,
-one interruption per 6,335 node-hours; a job on N nodes stops whenever any of them fails, N
-times as often. Applied to Trainium that assumes a trn node fails as often as an 8-GPU
-server: give your own fleet's rate where you have one.
+The interruption rate: Meta's Llama 3 paper by default (interruptions.py), per node-hour; a job
+on N nodes stops whenever any of them fails, N times as often. Give your own fleet's rate where
+you have one.
 """
 
 from __future__ import annotations
@@ -24,19 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-LLAMA3_INTERRUPTIONS = 419
-LLAMA3_DAYS = 54
-LLAMA3_GPUS = 16_384
-LLAMA3_GPUS_PER_NODE = 8
-#: Unexpected interruptions per node-hour in Meta's Llama 3 pre-training (see the module).
-LLAMA3_PER_NODE_HOUR = LLAMA3_INTERRUPTIONS / (
-    LLAMA3_DAYS * 24 * (LLAMA3_GPUS // LLAMA3_GPUS_PER_NODE)
-)
-LLAMA3_SOURCE = (
-    "Meta, The Llama 3 Herd of Models (arXiv:2407.21783) section 3.3.4: 419 unexpected "
-    "interruptions in 54 days on 16,384 GPUs = 2,048 nodes of 8; 419 / (54 x 24 h x 2,048 "
-    "nodes)"
-)
+from scripts.cost_lib.interruptions import LLAMA3_RATE_PER_NODE_HOUR, RATE_SOURCE
+
 INTERVAL_SOURCE = "Young 1974 (CACM 17(9)), Daly 2006 (FGCS 22(3)): sqrt(2 x save x MTBI)"
 
 
@@ -90,8 +75,8 @@ def plan(
     interval_seconds: float | None = None,
     per_node_hour: float | None = None,
 ) -> CheckpointPlan:
-    rate = LLAMA3_PER_NODE_HOUR if per_node_hour is None else per_node_hour
-    source = LLAMA3_SOURCE if per_node_hour is None else "given (--interruptions-per-node-hour)"
+    rate = LLAMA3_RATE_PER_NODE_HOUR if per_node_hour is None else per_node_hour
+    source = RATE_SOURCE if per_node_hour is None else "given (--interruptions-per-node-hour)"
     mean_hours = 1 / (rate * nodes)
     mean_seconds = mean_hours * 3600
     best = best_interval(save_seconds, mean_seconds)
