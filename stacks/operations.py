@@ -419,6 +419,9 @@ class OperationsStack(cdk.Stack):
             "JobQueueTableName": self.queue_table.table_name,
             "JobDispatcherArn": self.dispatcher.state_machine.state_machine_arn,
             "DashboardName": self.dashboard.dashboard_name,
+            # What `jobs` and `status` price a node-hour at, and when they call nodes idle.
+            "NodeUsdPerHour": "unknown" if config.node_price is None else f"{config.node_price}",
+            "IdleWarningMinutes": str(config.idle_warning_minutes),
         }
         for key, value in values.items():
             cdk.CfnOutput(self, key, value=value)
