@@ -8,9 +8,11 @@ stale job first. The drain state machine (Standard, AWS SDK integrations only) s
 
 1. ReadSlot: the job that holds the cluster (the job queue's slot, stacks/job_queue.py); none:
    nothing runs, the drain ends.
-2. The supervisor's running executions are stopped (StopExecution), twice, a few seconds apart:
-   an execution stopped while it handed the job over may just have started its successor. A
-   stopped execution ends ABORTED: no retry follows, and the queue's rule frees the slot.
+2. The supervisor's running executions of that job (their input's JobId) are stopped
+   (StopExecution), twice, a few seconds apart: an execution stopped while it handed the job
+   over may just have started its successor. A stopped execution ends ABORTED: no retry
+   follows, and the queue's rule frees the slot; the dispatcher then starts the queue's next
+   job, whose execution the second round leaves alone: it waits for the next window's nodes.
 3. StopTraining on every node of the cluster (Run Command targets the cluster's tag): stop.sh
    signals the trainers first and gives them STOP_GRACE_SECONDS to save at the step they agree
    on, then ends torchrun. The drain follows the command until it ended.
@@ -243,15 +245,31 @@ class CapacityDrain(Construct):
         )
 
     def _stop_running(self, round_: int) -> sfn.IChainable:
-        """ListExecutions (RUNNING) of the supervisor, then StopExecution of each."""
+        """ListExecutions (RUNNING) of the supervisor, then StopExecution of each that runs
+        this job: its input's JobId (DescribeExecution) is the slot's. Another job's execution
+        (the queue's next job, which the dispatcher starts once this one's ended) is left to
+        wait for the next window's nodes."""
+        executions = self._arn("states", "execution", f"{self.supervisor_name}:*", colon=True)
         listed = self._sdk(
             f"ListRunning{round_}",
             "sfn",
             "listExecutions",
             {"StateMachineArn": self.supervisor_arn, "StatusFilter": "RUNNING", "MaxResults": 100},
             [self.supervisor_arn],
-            result_selector={"Executions": sfn.JsonPath.list_at("$.Executions")},
+            # Their ARNs only: a small state (256 KiB at most), no dates.
+            result_selector={"Arns": sfn.JsonPath.list_at("$.Executions[*].ExecutionArn")},
             result_path="$.Running",
+        )
+        describe = self._sdk(
+            f"DescribeRunning{round_}",
+            "sfn",
+            "describeExecution",
+            {"ExecutionArn": sfn.JsonPath.string_at("$.ExecutionArn")},
+            [executions],
+            result_selector={
+                "Input": sfn.JsonPath.string_to_json(sfn.JsonPath.string_at("$.Input"))
+            },
+            result_path="$.Described",
         )
         stop = self._sdk(
             f"StopExecution{round_}",
@@ -262,16 +280,25 @@ class CapacityDrain(Construct):
                 "Error": DRAIN_ERROR,
                 "Cause": "the Capacity Block ends: the job is stopped with its checkpoint",
             },
-            [self._arn("states", "execution", f"{self.supervisor_name}:*", colon=True)],
+            [executions],
+        )
+        this_job = (
+            sfn.Choice(self, f"ThisJob{round_}")
+            .when(sfn.Condition.string_equals_json_path("$.Described.Input.JobId", "$.JobId"), stop)
+            .otherwise(sfn.Succeed(self, f"AnotherJob{round_}"))
         )
         each = sfn.Map(
             self,
             f"StopEach{round_}",
-            items_path="$.Running.Executions",
+            items_path="$.Running.Arns",
+            item_selector={
+                "ExecutionArn": sfn.JsonPath.string_at("$$.Map.Item.Value"),
+                "JobId": sfn.JsonPath.string_at("$.JobId"),
+            },
             max_concurrency=10,
             result_path=sfn.JsonPath.DISCARD,
         )
-        each.item_processor(stop)
+        each.item_processor(describe.next(this_job))
         return listed.next(each)
 
     def _definition(self) -> sfn.IChainable:

@@ -6,7 +6,9 @@ stopped with its checkpoint at its stop step, no retry spent, and the group scal
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -194,7 +196,8 @@ def test_the_drains_sdk_tasks_name_their_parameters_as_step_functions_takes_them
     parsed = definition(alternative(), "CapacityDrain")
     called = {t["Resource"].split("aws-sdk:")[1] for _, t in sdk_tasks(parsed["States"])}
     assert called == {
-        "dynamodb:getItem", "sfn:listExecutions", "sfn:stopExecution", "ssm:sendCommand",
+        "dynamodb:getItem", "sfn:listExecutions", "sfn:describeExecution", "sfn:stopExecution",
+        "ssm:sendCommand",
         "ssm:listCommands", "autoscaling:updateAutoScalingGroup",
     }  # fmt: skip
     assert definition_problems(parsed) == []
@@ -235,3 +238,91 @@ def test_the_drains_role_allows_what_its_definition_calls_and_no_more() -> None:
     assert json.dumps(group["Resource"]).endswith(
         f':autoScalingGroup:*:autoScalingGroupName/{block.config.auto_scaling_group_name}"]]}}'
     )
+
+
+def test_the_drain_stops_only_the_slots_jobs_executions_not_the_next_ones() -> None:
+    """The synthesized drain's stop rounds (JobOfSlot to the second StopEach) in moto's
+    interpreter: of two running supervisor executions, the slot's job's is stopped, the next
+    job's (the queue's dispatcher starts it once the first ended) keeps waiting for nodes."""
+    import boto3
+    from moto import mock_aws
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk as aws_sdk,
+    )
+
+    from scripts.rehearsal.supervisor import (
+        SfnAsSdkIntegration,
+        definition,
+        jayway_json_paths,
+        sdk_error_names,
+        sdk_parameter_names,
+    )
+    from tests.test_stacks_queue import placeholder_refs
+
+    block = alternative()
+    template = block.templates["operations"]
+    refs = placeholder_refs(template)
+    original = aws_sdk.boto_client_for
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        jayway_json_paths(),
+        sdk_parameter_names(),
+        sdk_error_names(),
+    ):
+        session = boto3.Session(
+            region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
+        )
+
+        def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+            # Step Functions through moto's own client (as the rehearsal's supervisor does).
+            if service == "stepfunctions":
+                return SfnAsSdkIntegration(original(region, service, state_credentials))
+            return session.client(service, region_name=region)
+
+        aws_sdk.boto_client_for = client_for
+        try:
+            sfn = session.client("stepfunctions")
+            role = "arn:aws:iam::123456789012:role/test"
+            wait = {"Type": "Wait", "Seconds": 3600, "End": True}
+            hold = {"StartAt": "Hold", "States": {"Hold": wait}}
+            supervisor = sfn.create_state_machine(
+                name="research-jobs", definition=json.dumps(hold), roleArn=role
+            )["stateMachineArn"]
+            supervisor_id = next(
+                k for k in resources(template, "AWS::StepFunctions::StateMachine")
+                if k.startswith("JobSupervisorStateMachine")
+            )  # fmt: skip
+            states = definition(
+                template, {**refs, supervisor_id: supervisor}, construct="CapacityDrain"
+            )["States"]
+            states["SendStopTraining"] = {"Type": "Succeed"}  # the rest runs on the nodes
+            drain = sfn.create_state_machine(
+                name="research-drain",
+                definition=json.dumps({"StartAt": "JobOfSlot", "States": states}),
+                roleArn=role,
+            )["stateMachineArn"]
+            runs = {
+                job: sfn.start_execution(
+                    stateMachineArn=supervisor, name=name, input=json.dumps({"JobId": job})
+                )["executionArn"]
+                for job, name in (
+                    ("bert-1", "bert-1-20261208-0900"),
+                    ("next", "next-20261208-0950"),
+                )
+            }
+            slot = {"Slot": {"Item": {"JobId": {"S": "bert-1"}}}}
+            ran = sfn.start_execution(stateMachineArn=drain, input=json.dumps(slot))["executionArn"]
+            deadline = time.monotonic() + 60
+            while sfn.describe_execution(executionArn=ran)["status"] == "RUNNING":
+                assert time.monotonic() < deadline, "the drain still runs after 60 s"
+                time.sleep(0.1)
+            assert sfn.describe_execution(executionArn=ran)["status"] == "SUCCEEDED"
+            status = {
+                job: sfn.describe_execution(executionArn=arn)["status"] for job, arn in runs.items()
+            }
+            assert status == {"bert-1": "ABORTED", "next": "RUNNING"}
+            for arn in runs.values():
+                with contextlib.suppress(Exception):
+                    sfn.stop_execution(executionArn=arn)
+        finally:
+            aws_sdk.boto_client_for = original
