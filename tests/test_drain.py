@@ -137,7 +137,9 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
 
         sfn = cloud.session().client("stepfunctions")
         drain = sfn.start_execution(
-            stateMachineArn=cloud.stack_outputs()["DrainStateMachineArn"], input="{}"
+            stateMachineArn=cloud.stack_outputs()["DrainStateMachineArn"],
+            name="drain-time",
+            input="{}",
         )["executionArn"]
         wait_for(
             "the drain's end",
@@ -187,6 +189,33 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
             capfd.readouterr,
         )
 
+        # EC2's warning, 40 minutes before the end, starts the drain again while the queue's
+        # next job holds the slot, waiting for the next window: the group is at 0, nothing to
+        # save, nothing of the next job is stopped.
+        dynamodb.put_item(
+            TableName=table,
+            Item={**SLOT_KEY, "JobId": {"S": "next"}, "ExecutionName": {"S": "next-20261208"}},
+        )
+        warned = sfn.start_execution(
+            stateMachineArn=cloud.stack_outputs()["DrainStateMachineArn"],
+            name="expiration-warning",
+            input=json.dumps({"detail-type": "Capacity Block Expiration Warning"}),
+        )["executionArn"]
+        wait_for(
+            "the second drain's end",
+            lambda: sfn.describe_execution(executionArn=warned)["status"] != "RUNNING",
+            120,
+            capfd.readouterr,
+        )
+        assert sfn.describe_execution(executionArn=warned)["status"] == "SUCCEEDED"
+        entered = [
+            e["stateEnteredEventDetails"]["name"]
+            for e in sfn.get_execution_history(executionArn=warned, maxResults=1000)["events"]
+            if "stateEnteredEventDetails" in e
+        ]
+        assert entered[-2:] == ["AnyNodes", "GroupEmpty"], entered
+        assert len([c for c in cloud.commands.values() if c.document.endswith("StopTraining")]) == 1
+
 
 def test_the_drains_sdk_tasks_name_their_parameters_as_step_functions_takes_them() -> None:
     """Checked against botocore's input shapes with Step Functions' naming rule (developer
@@ -198,7 +227,8 @@ def test_the_drains_sdk_tasks_name_their_parameters_as_step_functions_takes_them
     assert called == {
         "dynamodb:getItem", "sfn:listExecutions", "sfn:describeExecution", "sfn:stopExecution",
         "ssm:sendCommand",
-        "ssm:listCommands", "autoscaling:updateAutoScalingGroup",
+        "ssm:listCommands", "autoscaling:describeAutoScalingGroups",
+        "autoscaling:updateAutoScalingGroup",
     }  # fmt: skip
     assert definition_problems(parsed) == []
 
