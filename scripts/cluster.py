@@ -401,6 +401,14 @@ def cmd_status(cluster: Cluster) -> int:
             if when
             else f"  {command['Document']} {job} {command.get('Status', '')} {command['CommandId']}"
         )
+    from scripts.cluster_lib.jobs import Jobs
+
+    try:
+        warning = Jobs(cluster).idle_warning_now() if nodes else None
+    except ClusterError:  # a stack without the supervisor or the queue: no jobs to read
+        warning = None
+    if warning:
+        out(warning)
     return 0
 
 
@@ -595,9 +603,11 @@ def cmd_jobs(cluster: Cluster, args: argparse.Namespace) -> int:
     rows = jobs.queued_rows() + jobs.rows(limit=args.limit)
     if not rows:
         out("no jobs yet: start one with `cluster.py train`")
-        return 0
-    for line in rows_text(rows):
+    for line in rows_text(rows) if rows else []:
         out(line)
+    warning = jobs.idle_warning(rows)
+    if warning:
+        out(warning)
     return 0
 
 

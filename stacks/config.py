@@ -66,6 +66,9 @@ CAPACITY_BLOCK_RECLAIM_MINUTES = 30
 #: Scale-in lead time: at least the reclaim window plus 5 minutes for Auto Scaling to act.
 DRAIN_MIN_MINUTES = CAPACITY_BLOCK_RECLAIM_MINUTES + 5
 DRAIN_MAX_MINUTES = 24 * 60
+#: The longest idle_warning_minutes: a week.
+IDLE_WARNING_MAX_MINUTES = 7 * 24 * 60
+_PRICE_RE = re.compile(r"^\d{1,6}(?:\.\d{1,4})?$")
 #: The format of capacity_block_start/end (UTC), as CloudFormation's scheduled actions take it.
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 #: The retention periods CloudWatch Logs accepts, in days.
@@ -202,6 +205,20 @@ class ClusterConfig:
     checkpoint_bucket_name: str = _setting(
         "", "the name of an existing S3 bucket in the region (a kept checkpoint bucket), or empty"
     )
+    # What the nodes cost (`cluster.py jobs` and `status`, scripts/cluster_lib/costs.py) -------
+    #: USD per node-hour: empty for the instance type's on-demand price (stacks/instance_types.py);
+    #: a reservation's or a Capacity Block's own rate. EC2 quotes a Capacity Block as one upfront
+    #: fee for its instances and hours (EC2 API reference, CapacityBlockOffering: upfrontFee,
+    #: instanceCount, capacityBlockDurationHours): its rate is upfrontFee / (instances x hours).
+    node_usd_per_hour: str = _setting(
+        "",
+        "empty (the instance type's on-demand price) or USD per node-hour such as 21.50 (a "
+        "Capacity Block: its upfront fee / (instances x hours))",
+    )
+    #: Nodes up with no job for longer than this: `jobs` and `status` warn (0: never).
+    idle_warning_minutes: int = _setting(
+        60, f"0 (no warning) to {IDLE_WARNING_MAX_MINUTES} (minutes nodes are up with no job)"
+    )
 
     #: The facts of instance_type, from stacks/instance_types.py.
     instance: InstanceTypeSpec = field(init=False, repr=False, compare=False)
@@ -293,6 +310,7 @@ class ClusterConfig:
             1 <= self.node_wait_hours <= NODE_WAIT_MAX_HOURS, "node_wait_hours", "out of range"
         )
         self._check_adopted_buckets()
+        self._check_costs()
 
     def _check_adopted_buckets(self) -> None:
         """Adopted bucket names: S3's naming rules (stacks/bucket_names.py), two buckets."""
@@ -326,6 +344,28 @@ class ClusterConfig:
     def group_size(self) -> int:
         """The Auto Scaling group's size: the job's nodes and the warm spares."""
         return self.node_count + self.spare_nodes
+
+    def _check_costs(self) -> None:
+        self._require(
+            not self.node_usd_per_hour
+            or (
+                bool(_PRICE_RE.match(self.node_usd_per_hour)) and float(self.node_usd_per_hour) > 0
+            ),
+            "node_usd_per_hour",
+            "not a price",
+        )
+        self._require(
+            0 <= self.idle_warning_minutes <= IDLE_WARNING_MAX_MINUTES,
+            "idle_warning_minutes",
+            "out of range",
+        )
+
+    @property
+    def node_price(self) -> float | None:
+        """USD per node-hour: the setting, else the on-demand price (None where unknown)."""
+        if self.node_usd_per_hour:
+            return float(self.node_usd_per_hour)
+        return self.instance.on_demand_usd_per_hour
 
     def _check_capacity(self, az_id_given: bool) -> None:
         """Reservations, Capacity Blocks and placement groups: only combinations that launch."""

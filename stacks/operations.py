@@ -26,6 +26,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
+from stacks.drain import CapacityDrain
 from stacks.job_queue import JobDispatcher, queue_table
 from stacks.log_groups import allow_cloudwatch_logs, retention
 from stacks.settings_file import settings_record
@@ -104,6 +105,22 @@ class OperationsStack(cdk.Stack):
             supervisor=self.supervisor.state_machine,
             supervisor_name=self.supervisor.state_machine_name,
             key=self.key,
+        )
+        # A Capacity Block's end: the running job is stopped, saved, before the scale-in.
+        self.drain = (
+            CapacityDrain(
+                self,
+                "CapacityDrain",
+                config=config,
+                table=self.queue_table,
+                supervisor_arn=self.supervisor.state_machine.state_machine_arn,
+                supervisor_name=self.supervisor.state_machine_name,
+                stop_document=self.documents["StopTraining"],
+                training_log_group=self.training_log_group,
+                key=self.key,
+            )
+            if config.capacity_block
+            else None
         )
         self.dashboard = self._dashboard(storage.file_system)
         self._alarms(storage.file_system)
@@ -407,6 +424,9 @@ class OperationsStack(cdk.Stack):
             # The settings this deploy was made with (stacks/settings_file.py): what
             # `trainium-cluster deploy` compares the cluster's settings file with.
             "Settings": settings_record(config),
+            # What `jobs` and `status` price a node-hour at, and when they call nodes idle.
+            "NodeUsdPerHour": "unknown" if config.node_price is None else f"{config.node_price}",
+            "IdleWarningMinutes": str(config.idle_warning_minutes),
         }
         for key, value in values.items():
             cdk.CfnOutput(self, key, value=value)

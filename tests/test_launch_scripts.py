@@ -47,7 +47,7 @@ def test_shellcheck_passes_on_every_node_script() -> None:
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (make setup installs it)")
     scripts = sorted(str(p.relative_to(REPO_ROOT)) for p in NODE.glob("*.sh"))
-    assert len(scripts) == 8
+    assert len(scripts) == 9
     result = subprocess.run(
         ["shellcheck", "--severity=style", *scripts], cwd=REPO_ROOT, capture_output=True,
         text=True, check=False,
@@ -56,7 +56,15 @@ def test_shellcheck_passes_on_every_node_script() -> None:
 
 
 @pytest.mark.parametrize(
-    "script", ["launch.sh", "preflight.sh", "precompile.sh", "stop.sh", "bootstrap.sh"]
+    "script",
+    [
+        "launch.sh",
+        "preflight.sh",
+        "precompile.sh",
+        "stop.sh",
+        "bootstrap.sh",
+        "termination_watch.sh",
+    ],
 )
 def test_help_prints_the_usage(script: str, node: FakeNode) -> None:
     result = node.run(script, "--help")

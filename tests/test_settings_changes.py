@@ -78,6 +78,8 @@ CHANGES: list[tuple[str, dict[str, str], dict[str, str]]] = [
         {"ami": "ami-0123456789abcdef0", "internet_egress": "endpoints"},
     ),
     ("retain_data", {}, {"retain_data": "false"}),
+    ("node_usd_per_hour", {}, {"node_usd_per_hour": "21.50"}),
+    ("idle_warning_minutes", {}, {"idle_warning_minutes": "0"}),
     ("alarm_email", {}, {"alarm_email": "ops@example.com"}),
     ("log_retention_days", {}, {"log_retention_days": "30"}),
     ("node_wait_hours", {}, {"node_wait_hours": "48"}),

@@ -39,6 +39,7 @@ CLUSTER_ENV_KEYS = (
     "SOFTWARE_VERSION",
     "INTERNET_EGRESS",
     "LIFECYCLE_HOOK_NAME",
+    "TERMINATION_HOOK_NAME",
     "SCRATCH_DIR",
     "EFA_DEVICE_COUNT",
 )
@@ -254,7 +255,7 @@ def test_nodes_wait_in_service_for_bootstrap(default: Synth) -> None:
     bootstrap never answers is abandoned and replaced; cluster.env names the hook."""
     template = default.templates["compute"]
     assert not resources(template, "AWS::AutoScaling::LifecycleHook")
-    (hook,) = group_properties(default)["LifecycleHookSpecificationList"]
+    hook, terminating = group_properties(default)["LifecycleHookSpecificationList"]
     assert hook == {
         "LifecycleHookName": "trainium-bootstrap",
         "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
@@ -262,6 +263,16 @@ def test_nodes_wait_in_service_for_bootstrap(default: Synth) -> None:
         "DefaultResult": "ABANDON",
     }
     assert cluster_env(default)["LIFECYCLE_HOOK_NAME"] == hook["LifecycleHookName"]
+    # A terminating node keeps running while its termination watch stops the job with the
+    # trainers' stop grace (stop.sh's 120 s) and a margin, then completes the hook
+    # (scripts/node/termination_watch.sh; tests/test_termination_watch.py).
+    assert terminating == {
+        "LifecycleHookName": "trainium-terminating",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+        "HeartbeatTimeout": 300,
+        "DefaultResult": "CONTINUE",
+    }
+    assert cluster_env(default)["TERMINATION_HOOK_NAME"] == terminating["LifecycleHookName"]
 
 
 def test_nodes_may_complete_only_their_own_groups_hook(default: Synth) -> None:

@@ -16,6 +16,7 @@ and the topic's subscribers read the same account of the job.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from scripts.cluster_lib import ClusterError
 from scripts.cluster_lib.clients import aws_errors, error_code
 from scripts.cluster_lib.cluster import Cluster
+from scripts.cluster_lib.command_history import latest_attempt
+from scripts.cluster_lib.costs import Price, attempt_lines, attempts, idle_line, node_hours
 from scripts.cluster_lib.documents import CLI_LABELS, job_parameters, load
 from scripts.cluster_lib.executions import (
     UNKNOWN_FIELD,
@@ -78,6 +81,12 @@ class JobRow:
     legs: str = "-"
     #: The step of the total, step rate, time left and the job's own metrics (progress.py).
     progress: Progress = field(default_factory=Progress)
+    #: What the job's node-hours cost (costs.py), each attempt's line, and the idle time
+    #: before it with no job.
+    cost: str = "-"
+    costs: list[str] = field(default_factory=list)
+    #: When its last execution ended (None: it runs, or it is queued).
+    ended: datetime | None = None
     execution: str = ""
     #: What happened, oldest first: each retry with its causes, each new leg, each long wait
     #: for nodes, and the failure that ended the job (story_of).
@@ -388,7 +397,12 @@ class Jobs:
         now = datetime.now(UTC)
         rows: list[JobRow] = []
         chains = self.chains(limit)
-        latest = self.cluster.history.latest_commands_by_job() if chains else {}
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for sent in self.cluster.history.commands("RunTraining") if chains else []:
+            by_job.setdefault(sent.get("Parameters", {}).get("JobId", [""])[0], []).append(sent)
+        latest = {job: latest_attempt(mine)[0] for job, mine in by_job.items() if job}
+        price = Price.of(self.cluster.outputs())
+        nodes_count = self.cluster.outputs().node_count
         nodes = {n.address: n for n in self.cluster.running_nodes()[0]} if chains else {}
         for chain in chains:
             (newest, described), (oldest, _) = chain[0], chain[-1]
@@ -405,6 +419,10 @@ class Jobs:
                 execution=newest["name"],
                 story=story_of(chain),
             )
+            row.ended = newest.get("stopDate")
+            row.cost = price.usd(node_hours(started, ended, nodes_count))
+            mine = [c for c in by_job.get(row.job_id, []) if c["RequestedDateTime"] >= started]
+            row.costs = attempt_lines(attempts(mine, ended), price) if mine else []
             with contextlib.suppress(*UNKNOWN_FIELD):
                 counters = self.executions.counters(newest["executionArn"])
                 if counters:
@@ -420,7 +438,49 @@ class Jobs:
                     with contextlib.suppress(*UNKNOWN_FIELD):
                         row.progress = self._progress(node, window)
             rows.append(row)
+        # The time between one job's end and the next one's start, with the group's nodes.
+        for newer, older in itertools.pairwise(rows):
+            if older.ended is not None and newer.started > older.ended:
+                hours = node_hours(older.ended, newer.started, nodes_count)
+                newer.costs.insert(
+                    0,
+                    f"idle before it: {duration((newer.started - older.ended).total_seconds())}"
+                    f" with no job, up to {hours:,.1f} node-hours ({price.usd(hours)}) with "
+                    f"the group's {nodes_count} nodes up",
+                )
         return rows
+
+    def idle_warning_now(self, now: datetime | None = None) -> str | None:
+        """For `status`: the idle warning from the queue and the newest execution alone (one
+        ListExecutions call of one execution)."""
+        with aws_errors("listing the cluster's jobs"):
+            page = self.sfn.list_executions(
+                stateMachineArn=self.executions.state_machine, maxResults=1
+            )
+        newest = [
+            JobRow(job_of(e["name"]), e["status"], e["startDate"], "-", ended=e.get("stopDate"))
+            for e in page["executions"][:1]
+        ]
+        return self.idle_warning(self.queued_rows() + newest, now)
+
+    def idle_warning(self, rows: list[JobRow], now: datetime | None = None) -> str | None:
+        """A line when the nodes running now have had no job for longer than the threshold
+        (costs.py idle_line): none runs or waits in the queue, and the last one ended (or the
+        nodes launched, where later) that long ago."""
+        price = Price.of(self.cluster.outputs())
+        if not price.idle_warning_minutes or any(r.ended is None for r in rows):
+            return None
+        nodes = self.cluster.running_nodes()[0]
+        launched = [n.launch_time for n in nodes if n.launch_time is not None]
+        moments = [r.ended for r in rows if r.ended is not None]
+        if launched:
+            moments.append(min(launched))
+        return idle_line(
+            nodes_up=len(nodes),
+            since=max(moments) if moments else None,
+            now=now or datetime.now(UTC),
+            price=price,
+        )
 
     def _progress(self, node: Node, window: tuple[int, int | None]) -> Progress:
         """Rank 0's progress over a command's time `window`: the last METRICS_EVENTS lines of
@@ -491,14 +551,16 @@ class Detached(Exception):
 def rows_text(rows: list[JobRow]) -> Iterator[str]:
     yield (
         f"{'JOB':<24} {'STATUS':<10} {'STARTED (UTC)':<16} {'DURATION':>8} {'ATTEMPTS':>8} "
-        f"{'RETRIES':>7} {'LEGS':>4} {'STEP':>12} {'RATE':>8} {'ETA':>8}  METRICS"
+        f"{'RETRIES':>7} {'LEGS':>4} {'STEP':>12} {'RATE':>8} {'ETA':>8} {'COST':>11}  METRICS"
     )
     for r in rows:
         p = r.progress
         yield (
             f"{r.job_id:<24} {r.status:<10} {r.started:%Y-%m-%d %H:%M} {r.duration:>8} "
-            f"{r.attempts:>8} {r.retries:>7} {r.legs:>4} {p.step:>12} {p.rate:>8} {p.eta:>8}  "
-            f"{p.metrics}"
+            f"{r.attempts:>8} {r.retries:>7} {r.legs:>4} {p.step:>12} {p.rate:>8} {p.eta:>8} "
+            f"{r.cost:>11}  {p.metrics}"
         )
         for line in r.story:
+            yield f"    {line}"
+        for line in r.costs:
             yield f"    {line}"

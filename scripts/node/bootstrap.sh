@@ -30,6 +30,8 @@
 #                   on the mounted /fsx (refused elsewhere; an s3:// URL is warned about)
 #   monitoring      CloudWatch agent (signature checked before install) and neuron-monitor
 #                   metrics through an interpreter that has boto3
+#   termination-watch  trainium-termination-watch.service (termination_watch.sh): the job's
+#                   stop grace when the group terminates the node (TERMINATION_HOOK_NAME)
 #   lifecycle       BootstrapFailures 0 and the launch lifecycle hook completed with CONTINUE
 #   ready           node.env rewritten, ready marker /var/lib/trainium-cluster/ready
 # On failure: the failed marker, BootstrapFailures 1 (namespace METRICS_NAMESPACE, dimension
@@ -831,6 +833,39 @@ WantedBy=multi-user.target"
   fi
 }
 
+# The termination watch (termination_watch.sh): a service that gives a job on this node its stop
+# grace when the group terminates the node, within the group's termination lifecycle hook
+# (TERMINATION_HOOK_NAME). It ends once it has completed that hook: Restart=on-failure.
+phase_termination_watch() {
+  local unit
+  if [[ -z ${TERMINATION_HOOK_NAME:-} ]]; then
+    log "no TERMINATION_HOOK_NAME in cluster.env: no termination watch"
+    return 0
+  fi
+  unit="[Unit]
+Description=trainium-cluster: stop the job with its grace when the node is terminated
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=/bin/bash $NODE_DIR/termination_watch.sh
+Restart=on-failure
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target"
+  if install_if_changed "$SYSTEMD_DIR/trainium-termination-watch.service" "$unit"; then
+    systemctl daemon-reload
+    systemctl enable trainium-termination-watch.service
+    systemctl restart trainium-termination-watch.service
+    log "termination watch installed (lifecycle hook $TERMINATION_HOOK_NAME)"
+  else
+    systemctl is-active --quiet trainium-termination-watch.service ||
+      systemctl start trainium-termination-watch.service
+    log "termination watch already installed"
+  fi
+}
+
 phase_lifecycle() {
   stop_heartbeat
   put_bootstrap_failures 0 || log "warning: could not put BootstrapFailures=0 to $METRICS_NAMESPACE"
@@ -854,5 +889,6 @@ phase efa phase_efa
 phase python phase_python
 phase compile-cache phase_compile_cache
 phase monitoring phase_monitoring
+phase termination-watch phase_termination_watch
 phase lifecycle phase_lifecycle
 phase ready phase_ready

@@ -415,6 +415,12 @@ trap - TERM INT HUP
 if ((status == 0 && leg_ended)); then
   log "job $job_id: leg ended at its time limit after $SECONDS s with a checkpoint on node rank $NODE_RANK: the next leg resumes it"
   exit 75
+elif ((status == 0)) && [[ -e $TERMINATING_MARKER ]]; then
+  # The trainers saved and exited 0 because termination_watch.sh stopped them: the node is
+  # being terminated, the job is not done. Failed, its supervisor retries it from the
+  # checkpoint on the nodes it waits for.
+  log "job $job_id: stopped on node rank $NODE_RANK after $SECONDS s because the node is being terminated: reporting 1 so that the job is retried from its checkpoint"
+  exit 1
 elif ((status == 0)); then
   log "job $job_id: torchrun finished on node rank $NODE_RANK after $SECONDS s"
 else

@@ -21,6 +21,9 @@ ENV_FILE="${TRAINIUM_CLUSTER_ENV:-/etc/trainium-cluster/cluster.env}"
 STATE_DIR="${TRAINIUM_STATE_DIR:-/var/lib/trainium-cluster}"
 LOG_DIR="${TRAINIUM_LOG_DIR:-/var/log/trainium-cluster}"
 READY_MARKER="$STATE_DIR/ready"
+# Written by termination_watch.sh when Auto Scaling terminates the node: a job that then ends
+# is reported as failed by launch.sh, so that its supervisor retries it rather than finishing it.
+TERMINATING_MARKER="$STATE_DIR/terminating"
 # Written by bootstrap on every boot: AMI_ID, LAUNCH_TEMPLATE_VERSION, SOFTWARE_VERSION, ...
 NODE_ENV_FILE="${TRAINIUM_NODE_ENV:-$(dirname "$ENV_FILE")/node.env}"
 # Where the Neuron DLAMI installs the Neuron and EFA tools (Neuron DLAMI and EFA user guides).

@@ -55,11 +55,12 @@ from scripts.rehearsal.instances import (
 from scripts.rehearsal.logs_stand_in import LogsStandIn
 from scripts.rehearsal.s3_stand_in import S3StandIn
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
+from stacks.config import CLUSTER_TAG_KEY
 
 #: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
 #: moto's, with its ASL interpreter (supervisor.py), and so is DynamoDB (the job queue).
 PASSED_THROUGH = {"stepfunctions", "dynamodb"}
-TAG_KEY = "trainium-cluster:cluster"
+TAG_KEY = CLUSTER_TAG_KEY  # the nodes' tags as the compute stack writes them
 ROLE_TAG = "trainium-cluster:role"
 LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"
 
@@ -145,6 +146,9 @@ class LocalCloud:
         )  # fmt: skip
         self.software_version = self.instances.software_version
         self.ssm = SsmStandIn(self.instances, documents, ids)
+        self.ssm.tags = self._tags
+        #: The group's size once UpdateAutoScalingGroup set it (None: node_count, as deployed).
+        self.desired: int | None = None
         self.commands = self.ssm.commands
         self.logs = LogsStandIn(self.ssm)
         #: Who answers each service's calls (its methods `_<service>_<Operation>`); this
@@ -390,13 +394,14 @@ class LocalCloud:
         names = params.get("AutoScalingGroupNames") or [name]
         if name not in names:
             return {"AutoScalingGroups": []}
+        size = self.hosts.count if self.desired is None else self.desired
         return {
             "AutoScalingGroups": [
                 {
                     "AutoScalingGroupName": name,
-                    "MinSize": self.hosts.count,
+                    "MinSize": size,
                     "MaxSize": self.hosts.count,
-                    "DesiredCapacity": self.hosts.count,
+                    "DesiredCapacity": size,
                     "DefaultCooldown": 300,
                     "AvailabilityZones": [ZONE],
                     "HealthCheckType": "EC2",
@@ -440,6 +445,16 @@ class LocalCloud:
             if i.instance_id in ids
         ]
         return {"AutoScalingInstances": found[:limit]}
+
+    def _autoscaling_UpdateAutoScalingGroup(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A new size (the drain's scale-in): the group terminates the nodes beyond it."""
+        if params["AutoScalingGroupName"] != self.group_name:
+            raise LocalError("ValidationError", f"group {params['AutoScalingGroupName']} not found")
+        if "DesiredCapacity" in params:
+            self.desired = int(params["DesiredCapacity"])
+            for instance in self.running()[self.desired :]:
+                self.instances.terminate(instance)
+        return {}
 
     def _autoscaling_DescribeInstanceRefreshes(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"InstanceRefreshes": []}

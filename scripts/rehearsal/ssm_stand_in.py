@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -119,6 +119,31 @@ class SsmStandIn:
         #: The stand-in's one counter of IDs (instances and commands).
         self.ids = ids
         self.commands: dict[str, Command] = {}
+        #: The instances' tags (the EC2 stand-in's), which a command's Targets select by.
+        self.tags: Callable[[], dict[str, str]] = dict
+
+    def _targeted(self, targets: list[dict[str, Any]]) -> list[str]:
+        """The running instances a command's Targets select: every Key (tag:<key>, or
+        InstanceIds) must match (SSM API reference, Target: up to 5 keys; a managed node that
+        is not running gets no invocation). Other keys are refused rather than guessed."""
+        if len(targets) > 5:
+            raise LocalError("ValidationException", "Targets holds at most 5 entries")
+        chosen = []
+        for instance in self.instances.running():
+            tags = self.tags()
+            for target in targets:
+                key, values = target["Key"], set(target["Values"])
+                if key == "InstanceIds":
+                    if instance.instance_id not in values:
+                        break
+                elif key.startswith("tag:"):
+                    if tags.get(key[4:]) not in values:
+                        break
+                else:
+                    raise LocalError("UnsupportedOperation", f"Targets key {key}: not served here")
+            else:
+                chosen.append(instance.instance_id)
+        return chosen
 
     def _ssm_DescribeInstanceInformation(self, params: dict[str, Any]) -> dict[str, Any]:
         wanted: set[str] = set()
@@ -146,7 +171,11 @@ class SsmStandIn:
                 f"constraint: Member must have length less than or equal to {MAX_INSTANCE_IDS}",
             )
         if params.get("Targets"):
-            raise LocalError("UnsupportedOperation", "the local stand-in takes InstanceIds only")
+            if ids:
+                raise LocalError(
+                    "ValidationException", "InstanceIds and Targets cannot both be given"
+                )
+            ids = self._targeted(params["Targets"])
         document = self.documents.get(params["DocumentName"])
         if document is None:
             raise LocalError("InvalidDocument", f"document {params['DocumentName']} does not exist")

@@ -461,6 +461,18 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         )  # fmt: skip
         cloud.extra_outputs["JobQueueTableName"] = queue.table
         cloud.extra_outputs["JobDispatcherArn"] = queue.dispatcher
+        # A Capacity Block's drain (stacks/drain.py), where the template has one: started by
+        # the caller, as its rules would at the drain time or on EC2's warning.
+        if any(k.startswith("CapacityDrainStateMachine") for k in _resources(
+            template, "AWS::StepFunctions::StateMachine"
+        )):  # fmt: skip
+            drain = definition(template, {**refs, machine_id: arn}, construct="CapacityDrain")
+            cloud.extra_outputs["DrainStateMachineArn"] = client.create_state_machine(
+                name=f"{cloud.cluster_name}-drain",
+                definition=json.dumps(drain),
+                roleArn=f"arn:aws:iam::{ACCOUNT}:role/{cloud.cluster_name}-drain",
+                type="STANDARD",
+            )["stateMachineArn"]
         yield arn
     finally:
         queues.close()  # the rule first: it reads moto's executions
@@ -470,7 +482,9 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
                 "executions"
             ]:
                 client.stop_execution(executionArn=execution["executionArn"])
-        for output in ("JobStateMachineArn", "JobQueueTableName", "JobDispatcherArn"):
+        for output in (
+            "JobStateMachineArn", "JobQueueTableName", "JobDispatcherArn", "DrainStateMachineArn"
+        ):  # fmt: skip
             cloud.extra_outputs.pop(output, None)
         aws_sdk.boto_client_for = original
         quiet.setLevel(level)
