@@ -282,3 +282,24 @@ def loopback_address() -> str:
     two test runs on one machine must not share one. Linux answers all of 127.0.0.0/8 on lo."""
     value = secrets.randbelow(254 * 256 * 254)
     return f"127.{value // (256 * 254) + 1}.{value // 254 % 256}.{value % 254 + 1}"
+
+
+def tagged(
+    job: str, address: str, *, state: Path | None = None, ignore_term: bool = False
+) -> subprocess.Popen[str]:
+    """A process tagged the way launch.sh tags a job's processes on the node at `address`
+    whose state directory is `state` (job_pids in lib.sh finds a node's processes by it),
+    returned once it is ready: its trap set (and its child started) when it ignores SIGTERM.
+    Job and address are the test's own (unique_job_id, loopback_address): launch.sh and
+    stop.sh in another test run on this machine stop processes by those tags."""
+    env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": address}
+    if state is not None:
+        env["TRAINIUM_STATE_DIR"] = str(state)
+    script = (
+        "trap '' TERM; sleep 300 & echo ready; wait"
+        if ignore_term
+        else "echo ready; exec sleep 300"
+    )
+    process = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    return process

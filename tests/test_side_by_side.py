@@ -9,7 +9,6 @@ machine's ports. So each run's job IDs, node addresses and ports must be its own
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -32,18 +31,9 @@ from tests.node_support import (
     FakeNode,
     _process_address,
     loopback_address,
+    tagged,
     unique_job_id,
 )
-
-
-def tagged(job: str, address: str) -> subprocess.Popen[str]:
-    """A process tagged as launch.sh tags a job's processes, returned once it runs."""
-    env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": address}
-    process = subprocess.Popen(
-        ["bash", "-c", "echo ready; exec sleep 300"], env=env, stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
-    return process
 
 
 @pytest.fixture
@@ -89,8 +79,8 @@ def test_a_test_nodes_loopback_address_is_its_own(
     (tmp_path / "other").mkdir()
     other = FakeNode(tmp_path / "other")
     assert other.loopback != node.loopback
-    other_run.append(tagged(unique_job_id("theirs"), other.loopback))
-    ours = tagged(unique_job_id("left-over"), node.loopback)
+    other_run.append(tagged(unique_job_id("theirs"), other.loopback, state=other.state))
+    ours = tagged(unique_job_id("left-over"), node.loopback, state=node.state)
     try:
         result = node.run("launch.sh", "--hosts", node.loopback, "--job-id", unique_job_id("j"),
                           "--nproc-per-node", "1", FAKE_LOOPBACK=node.loopback)  # fmt: skip
