@@ -29,6 +29,13 @@ from stacks.config import CLUSTER_TAG_KEY, ClusterConfig
 from stacks.drain import CapacityDrain
 from stacks.job_queue import JobDispatcher, queue_table
 from stacks.log_groups import allow_cloudwatch_logs, retention
+from stacks.progress_metric import (
+    METRIC_NAME,
+    METRIC_VALUE,
+    PATTERN_ANY,
+    PATTERN_PHASE,
+    PHASE_DIMENSION,
+)
 from stacks.settings_file import settings_record
 from stacks.storage import StorageStack
 from stacks.supervisor import JobSupervisor
@@ -81,6 +88,7 @@ class OperationsStack(cdk.Stack):
             if config.retain_data
             else cdk.RemovalPolicy.DESTROY,
         )
+        self._progress_metric()
         self.documents = {
             name: ssm_document(self, name, content)
             for name, content in load_ssm_documents().items()
@@ -171,6 +179,24 @@ class OperationsStack(cdk.Stack):
         )
 
     # Metrics -----------------------------------------------------------------------------
+    def _progress_metric(self) -> None:
+        """Rank 0's metrics-file lines, shipped to the training log group, as the metric
+        JobStep in the cluster's namespace: one filter for every line, one by phase
+        (stacks/progress_metric.py says why each is as it is)."""
+        for construct_id, pattern, dimensions in (
+            ("ProgressMetricFilter", PATTERN_ANY, None),
+            ("ProgressPhaseMetricFilter", PATTERN_PHASE, {PHASE_DIMENSION: "$.phase"}),
+        ):
+            logs.MetricFilter(
+                self,
+                construct_id,
+                log_group=self.training_log_group,
+                filter_pattern=logs.FilterPattern.literal(pattern),
+                metric_namespace=self.config.metrics_namespace,
+                metric_name=METRIC_NAME,
+                metric_value=METRIC_VALUE,
+                dimensions=dimensions,
+            )
 
     def _asg_metric(
         self,

@@ -99,7 +99,8 @@ def test_rate_and_eta_come_from_the_last_run_of_rising_steps() -> None:
     records = [
         Record(100, 1000, 1000.0, "training", {"loss": 0.9}),
         Record(200, 1000, 1100.0, "training", {"loss": 0.8}),
-        Record(150, 1000, 5000.0, "training", {"loss": 0.85}),  # resumed from step 150
+        Record(150, 1000, 4000.0, "compiling"),  # resumed from step 150: compiling first
+        Record(150, 1000, 5000.0, "training", {"loss": 0.85}),
         Record(250, 1000, 5050.0, "training", {"loss": 0.7}),
         Record(250, 1000, 5060.0, "evaluating", {"eval_accuracy": 0.75}),
     ]
@@ -128,12 +129,17 @@ def test_the_reference_trainers_progress_lines_follow_the_schema(tmp_path: Path)
     assert result.returncode == 0, result.stderr[-3000:]
     records, errors = read(progress.read_text().splitlines())
     assert errors == []
+    # A line when a phase begins (compiling before the first steps and the first evaluation,
+    # saving before a checkpoint, evaluating before a later evaluation), and one with the
+    # metrics after each logged step and evaluation.
     assert [(r.step, r.phase) for r in records] == [
-        (2, "training"), (3, "evaluating"), (4, "training"), (6, "training"), (6, "evaluating"),
+        (0, "compiling"), (2, "training"), (3, "compiling"), (3, "evaluating"), (4, "training"),
+        (6, "training"), (6, "evaluating"), (6, "evaluating"), (6, "saving"),
     ]  # fmt: skip
     assert {r.total_steps for r in records} == {6}
-    assert {"loss", "lr", "samples_per_second"} <= set(records[0].metrics)
-    assert {"eval_loss", "eval_accuracy"} <= set(records[-1].metrics)
+    assert [r.metrics for r in records if r.phase in ("compiling", "saving")] == [{}, {}, {}]
+    assert {"loss", "lr", "samples_per_second"} <= set(records[1].metrics)
+    assert {"eval_loss", "eval_accuracy"} <= set(records[-2].metrics)
     own = [
         json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     ]
@@ -252,7 +258,7 @@ def test_jobs_shows_step_rate_eta_and_metrics_from_rank_0s_metrics_stream(
     row = JobRow("bert-1", "RUNNING", datetime(2026, 11, 22, tzinfo=UTC), "1h00m",
                  progress=progress)  # fmt: skip
     header, line = rows_text([row])
-    assert header.split()[-4:] == ["STEP", "RATE", "ETA", "METRICS"]
-    assert line.split()[-6:] == [
-        "40/400", "1.5/s", "4m00s", "eval_accuracy=0.8125", "loss=0.43", "lr=0.0018"
+    assert header.split()[-5:] == ["STEP", "RATE", "ETA", "COST", "METRICS"]
+    assert line.split()[-7:] == [
+        "40/400", "1.5/s", "4m00s", "-", "eval_accuracy=0.8125", "loss=0.43", "lr=0.0018"
     ]  # fmt: skip

@@ -10,7 +10,10 @@ names (launch.sh sets it on every node; rank 0 writes), in the progress schema e
 point shares (docs/job-contract.md; checked by scripts/cluster_lib/progress.py): ``step``,
 ``total_steps``, ``time``, ``phase`` (training, evaluating) and ``metrics`` (name -> finite
 number). ``cluster.py jobs`` shows the step, the step rate, the time left and those metrics
-from it.
+from it. ``phase`` writes a line there alone when a phase begins (compiling, saving,
+evaluating): the training log group's metric filter makes each line a datapoint of the
+cluster's JobStep metric (stacks/progress_metric.py), so a long compile or save is seen as
+what it is rather than as silence.
 """
 
 from __future__ import annotations
@@ -93,6 +96,21 @@ class MetricsLogger:
                 numeric = isinstance(value, int | float) and not isinstance(value, bool)
                 if key != "step" and numeric and math.isfinite(value):
                     self._tensorboard.add_scalar(f"{event}/{key}", value, step)
+
+    def phase(self, step: int, phase: str) -> None:
+        """One progress line alone, without metrics: `phase` begins at `step` (compiling before
+        the first steps of a run and its first evaluation, whose graphs compile on XLA; saving
+        before a checkpoint; evaluating before a later evaluation)."""
+        if self._progress_file is None:
+            return
+        line = {
+            "step": step,
+            "total_steps": self.total_steps,
+            "time": round(time.time(), 3),
+            "phase": phase,
+        }
+        self._progress_file.write(json.dumps(line, allow_nan=False) + "\n")
+        self._progress_file.flush()
 
     def _write_progress(self, event: str, record: dict[str, Any]) -> None:
         """One line of the progress schema (docs/job-contract.md) from a train or eval

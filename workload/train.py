@@ -354,6 +354,7 @@ class Run:
         self.last_eval_step = -1
         self.last_save_step = self.step if self.resumed_from is not None else -1
         self.intervals: list[tuple[float, float, bool]] = []  # (samples, seconds, after warm-up)
+        self.metrics.phase(self.step, "compiling")  # the run's first steps compile on XLA
         self._mark()
 
         try:
@@ -473,6 +474,8 @@ class Run:
         self._mark()
 
     def _evaluate(self) -> None:
+        # A run's first evaluation compiles its graphs on XLA.
+        self.metrics.phase(self.step, "evaluating" if self.evals_this_run else "compiling")
         began = time.perf_counter()
         result = evaluate(
             self.bare, self.backend.device_loader(self.eval_loader), self.backend, self.config.task
@@ -501,6 +504,7 @@ class Run:
         self.last_save_step = self.step
         if self.graphs_only:  # values are not computed under neuron_parallel_compile
             return
+        self.metrics.phase(self.step, "saving")
         # Only rank 0 writes the RNG states: gathered to it alone (an all-gather would give
         # every rank all 32,768 at 1,024 nodes: stacks/start_limits.py RNG_GATHER).
         rng = self.backend.gather_object(self.backend.rng_state())

@@ -137,7 +137,8 @@ def duration(seconds: float) -> str:
 
 def summarize(records: list[Record]) -> Progress:
     """The latest step of the total, the step rate over the records' last run of rising steps
-    (a retry resumes from an earlier checkpoint: steps before it do not count), the time left
+    (a retry resumes from an earlier checkpoint: steps before it do not count; compiling lines
+    neither), the time left
     at that rate, and the newest value of each metric."""
     if not records:
         return Progress()
@@ -149,7 +150,9 @@ def summarize(records: list[Record]) -> Progress:
         if record.step > run[-1].step:
             break
         run.append(record)
-    timed = [r for r in run if r.time is not None]
+    # A compiling line starts a run (the trainer writes one before its first steps): the time
+    # spent compiling is not the step rate.
+    timed = [r for r in run if r.time is not None and r.phase != "compiling"]
     rate = eta = "-"
     if len(timed) >= 2:
         steps = timed[0].step - timed[-1].step
