@@ -679,7 +679,7 @@ def test_launch_refuses_a_bad_time_limit(node: FakeNode, args: list[str], messag
 
 
 def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> None:
-    leftover = tagged(unique_job_id("an-older-job"), node.loopback)
+    leftover = tagged(unique_job_id("an-older-job"), node.loopback, state=node.state)
     try:
         result = node.run("launch.sh", "--hosts", node.loopback, "--job-id", unique_job_id("j"),
                           "--nproc-per-node", "1", FAKE_LOOPBACK=node.loopback)  # fmt: skip
@@ -693,12 +693,17 @@ def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> No
 
 
 # --------------------------------------------------------------------------------- stop
-def tagged(job: str, address: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
-    """A process tagged the way launch.sh tags a job's processes on the node at `address`,
-    returned once it is ready: its trap set (and its child started) when it ignores SIGTERM.
-    Job and address are the test's own (unique_job_id, loopback_address): launch.sh and
-    stop.sh in another test run on this machine stop processes by those tags."""
+def tagged(
+    job: str, address: str, *, state: Path | None = None, ignore_term: bool = False
+) -> subprocess.Popen[str]:
+    """A process tagged the way launch.sh tags a job's processes on the node at `address`
+    whose state directory is `state` (job_pids in lib.sh: a node's processes carry its
+    TRAINIUM_STATE_DIR), returned once it is ready: its trap set (and its child started) when
+    it ignores SIGTERM. Job and address are the test's own (unique_job_id, loopback_address):
+    launch.sh and stop.sh in another test run on this machine stop processes by those tags."""
     env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": address}
+    if state is not None:
+        env["TRAINIUM_STATE_DIR"] = str(state)
     script = (
         "trap '' TERM; sleep 300 & echo ready; wait"
         if ignore_term
@@ -711,9 +716,9 @@ def tagged(job: str, address: str, *, ignore_term: bool = False) -> subprocess.P
 
 def test_stop_ends_only_the_jobs_processes(node: FakeNode) -> None:
     job, address = unique_job_id("bert-1"), loopback_address()
-    target = tagged(job, address)
-    stubborn = tagged(job, address, ignore_term=True)
-    other = tagged(unique_job_id("bert-2"), address)
+    target = tagged(job, address, state=node.state)
+    stubborn = tagged(job, address, state=node.state, ignore_term=True)
+    other = tagged(unique_job_id("bert-2"), address, state=node.state)
     try:
         result = node.run("stop.sh", "--job-id", job, "--grace", "2")
         assert result.returncode == 0, result.stderr

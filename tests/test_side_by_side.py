@@ -36,9 +36,12 @@ from tests.node_support import (
 )
 
 
-def tagged(job: str, address: str) -> subprocess.Popen[str]:
-    """A process tagged as launch.sh tags a job's processes, returned once it runs."""
+def tagged(job: str, address: str, state: Path | None = None) -> subprocess.Popen[str]:
+    """A process tagged as launch.sh tags a job's processes (with `state`, the node's state
+    directory, TRAINIUM_STATE_DIR: job_pids in lib.sh), returned once it runs."""
     env = {**os.environ, "TRAINIUM_JOB_ID": job, "TRAINIUM_NODE_ADDRESS": address}
+    if state is not None:
+        env["TRAINIUM_STATE_DIR"] = str(state)
     process = subprocess.Popen(
         ["bash", "-c", "echo ready; exec sleep 300"], env=env, stdout=subprocess.PIPE, text=True
     )
@@ -89,8 +92,10 @@ def test_a_test_nodes_loopback_address_is_its_own(
     (tmp_path / "other").mkdir()
     other = FakeNode(tmp_path / "other")
     assert other.loopback != node.loopback
-    other_run.append(tagged(unique_job_id("theirs"), other.loopback))
-    ours = tagged(unique_job_id("left-over"), node.loopback)
+    # The other run's job carries this node's state directory too: only the address tells
+    # it apart.
+    other_run.append(tagged(unique_job_id("theirs"), other.loopback, node.state))
+    ours = tagged(unique_job_id("left-over"), node.loopback, node.state)
     try:
         result = node.run("launch.sh", "--hosts", node.loopback, "--job-id", unique_job_id("j"),
                           "--nproc-per-node", "1", FAKE_LOOPBACK=node.loopback)  # fmt: skip
