@@ -11,6 +11,7 @@ here logs several MB/s; its steps must not slow down for the agent.
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from scripts.rehearsal.ssm_agent.runscript import (
     standard_output,
     start_script,
 )
-from tests.node_support import FakeNode, document_command, unique_job_id
+from tests.node_support import REPO_ROOT, FakeNode, document_command, unique_job_id
 
 INSTANCE_ID = "i-0123456789abcdef0"
 LOG_GROUP = "/trainium-cluster/trainium/training"
@@ -177,6 +178,42 @@ def test_a_failed_jobs_last_lines_and_where_its_log_is_reach_the_agent(
     # The files have everything, the agent's stdout only the tail of it.
     assert node_log.read_text().count(" rank 0: step ") == steps * 3
     assert stdout.count(b" rank 0: step ") <= 50
+
+
+# Lines of 30,000 characters with a failed compile's module and path among them: what
+# launch.sh reads of a failed leg's log (show_failed_compiles) to name the compile cache entry.
+LONG_LINES_WITH_FAILED_COMPILES = "".join(
+    [f"rank 0: step {step} {'x' * 30_000}\n" for step in range(6)]
+    + [
+        f"model.MODULE_{step}+ab.hlo_module.pb compiled /cache/{'y' * 30_000} {'x' * 30_000}\n"
+        for step in range(3)
+    ]
+    + [
+        f"[ERROR]: Compilation failed for model.MODULE_99+cd.hlo_module.pb {'z' * 30_000}\n",
+        f"RuntimeError: '/cache/neuronxcc-2/MODULE_77+ef/model.neff{'q' * 30_000}'\n",
+    ]
+)
+
+
+def test_a_failed_legs_long_lines_are_read_in_time_linear_in_their_length() -> None:
+    """failed_compile_entries (lib.sh) reads a failed leg's log for the compile cache entries
+    it names. On lines of 30,000 characters its reading must stay linear: a regular expression
+    that removes the paths in place (awk's gsub) scans the rest of the line again from each
+    character: half a minute of CPU for these 420 KB, a minute for a 540 KB log, while
+    the job's tail waits. Bounded by CPU seconds of the shell and its children, not the clock."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run(
+        ["bash", "-c", "source scripts/node/lib.sh && failed_compile_entries /cache"],
+        input=LONG_LINES_WITH_FAILED_COMPILES, capture_output=True, text=True, check=True,
+        cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert result.stdout.splitlines() == [
+        "/cache/<neuronxcc version>/MODULE_99+cd",
+        "/cache/neuronxcc-2/MODULE_77+ef",
+    ]
+    assert cpu < 3, f"{cpu:.1f} s of CPU for {len(LONG_LINES_WITH_FAILED_COMPILES)} bytes"
 
 
 # ---------------------------------------------------------- where the CLI reads it

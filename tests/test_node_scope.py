@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.node_support import NODE, FakeNode
+from tests.node_support import NODE, REPO_ROOT, FakeNode
 
 # A job process as launch.sh leaves it: tagged, in a session of its own, waiting to be stopped.
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
@@ -85,3 +85,33 @@ def test_every_script_that_tags_a_job_tags_its_node_too() -> None:
                 tagging.append(script.name)
                 assert 'TRAINIUM_STATE_DIR="$STATE_DIR"' in statement, f"{script.name}:{number + 1}"
     assert sorted(set(tagging)) == ["launch.sh", "preflight.sh"]
+
+
+# wait_until_ended (lib.sh), as stop_job runs it after its SIGTERM, on a process that ends
+# while it waits (killed, and gone, at its third look): the pauses between its looks, recorded by a
+# `sleep` of the harness's own that then sleeps for real.
+WAIT_HARNESS = """set -Eeuo pipefail
+source scripts/node/lib.sh
+python3 -c 'import time; time.sleep(300)' &
+target=$! looks=0
+sleep() {
+  echo "$1"
+  if ((++looks == 3)); then kill "$target" && wait "$target" || true; fi
+  command sleep "$1"
+}
+wait_until_ended "$target" $((SECONDS + 60))
+echo ended
+"""
+
+
+def test_a_stop_sees_a_process_end_within_a_tenth_of_a_second_then_looks_each_second() -> None:
+    """stop_job waits two or three times in a stop (the workers, torchrun, what is left), most
+    often for processes that end at once on the SIGTERM: each wait looks again after 0.05 s,
+    then 0.1, 0.2 and 0.5 s, and once a second for a save that takes minutes (a stop of
+    processes that end at once took a second per wait, looking once a second only)."""
+    result = subprocess.run(
+        ["bash", "-c", WAIT_HARNESS], cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0.05", "0.1", "0.2", "ended"]

@@ -79,7 +79,9 @@ def test_a_test_nodes_loopback_address_is_its_own(
     (tmp_path / "other").mkdir()
     other = FakeNode(tmp_path / "other")
     assert other.loopback != node.loopback
-    other_run.append(tagged(unique_job_id("theirs"), other.loopback, state=other.state))
+    # The other run's job carries this node's state directory too: only the address tells
+    # it apart.
+    other_run.append(tagged(unique_job_id("theirs"), other.loopback, state=node.state))
     ours = tagged(unique_job_id("left-over"), node.loopback, state=node.state)
     try:
         result = node.run("launch.sh", "--hosts", node.loopback, "--job-id", unique_job_id("j"),
