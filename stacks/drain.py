@@ -9,16 +9,28 @@ stale job first. The drain state machine (Standard, AWS SDK integrations only) s
 1. ReadGroup: a group already at 0 nodes has nothing to save (EC2's warning after the drain's
    or the scheduled scale-in), the drain ends. ReadSlot: the job that holds the cluster (the
    job queue's slot, stacks/job_queue.py); none: nothing runs, the drain ends.
-2. The supervisor's running executions of that job (their input's JobId) are stopped
+2. ScaleIn, first: the group goes to 0 now rather than at the scheduled action. Its nodes
+   leave InService at once and wait in Terminating:Wait under the group's termination
+   lifecycle hook (stacks/compute.py: heartbeat TERMINATION_TIMEOUT, default CONTINUE), still
+   running, until their termination watch completes the hook or the heartbeat times out
+   (Amazon EC2 Auto Scaling user guide, "How lifecycle hooks work":
+   https://docs.aws.amazon.com/autoscaling/ec2/userguide/lifecycle-hooks-overview.html).
+   Scaling in before anything else orders the next job after it by cause, not by time: the
+   queue's dispatcher starts the next job only once this job's execution ended (step 3), so
+   the next job's supervisor always reads a group with no node InService and waits for the
+   next window's nodes; it starts no attempt on nodes about to go and spends no retry.
+3. The supervisor's running executions of that job (their input's JobId) are stopped
    (StopExecution), twice, a few seconds apart: an execution stopped while it handed the job
    over may just have started its successor. A stopped execution ends ABORTED: no retry
    follows, and the queue's rule frees the slot; the dispatcher then starts the queue's next
    job, whose execution the second round leaves alone: it waits for the next window's nodes.
-3. StopTraining on every node of the cluster (Run Command targets the cluster's tag): stop.sh
-   signals the trainers first and gives them STOP_GRACE_SECONDS to save at the step they agree
-   on, then ends torchrun. The drain follows the command until it ended.
-4. ScaleIn: the group goes to 0 now rather than at the scheduled action, so the job the queue
-   starts next waits for the next window's nodes instead of starting on nodes about to go.
+   The job's own execution is stopped one state after the scale-in, long before a node's
+   termination watch (which polls every few seconds, then gives the trainers their grace)
+   could end its RunTraining; and with no node InService no attempt could follow anyway.
+4. StopTraining on every node of the cluster (Run Command targets the cluster's tag: the
+   nodes in Terminating:Wait still run their agents): stop.sh signals the trainers first and
+   gives them STOP_GRACE_SECONDS to save at the step they agree on, then ends torchrun, well
+   within the hook's heartbeat. The drain follows the command until it ended.
 
 It is started by an EventBridge rule at the drain time, DRAIN_LEAD before the scheduled
 scale-in (`drain_time`), and by EC2's "Capacity Block Expiration Warning" event for this block
@@ -415,13 +427,14 @@ class CapacityDrain(Construct):
             .when(sfn.Condition.is_present("$.Slot.Item.JobId.S"), job_id)
             .otherwise(nothing_runs)
         )
-        job_id.next(self._stop_running(1)).next(handover).next(self._stop_running(2)).next(send)
+        # The scale-in first: see the module's docstring, step 2.
+        job_id.next(scale_in).next(self._stop_running(1)).next(handover)
+        handover.next(self._stop_running(2)).next(send)
         send.next(wait).next(read_command).next(stop_ended)
         stop_ended.when(
             sfn.Condition.or_(
                 *(sfn.Condition.string_equals("$.Stop.Status", s) for s in COMMAND_RUNNING)
             ),
             wait,
-        ).otherwise(scale_in)
-        scale_in.next(drained)
+        ).otherwise(drained)
         return read_group

@@ -1,7 +1,10 @@
 """The drain at a Capacity Block's end (stacks/drain.py): its rules as synthesized, and a
 rehearsal in which the synthesized drain state machine runs in moto's ASL interpreter while a job
 trains on the Run Command stand-in's nodes (scripts/rehearsal/supervisor.py): the job ends
-stopped with its checkpoint at its stop step, no retry spent, and the group scaled in.
+stopped with its checkpoint at its stop step, no retry spent, and the group scaled in. The
+group's termination lifecycle hook is the synthesized compute stack's: a node the scale-in takes
+leaves InService at once and keeps running in Terminating:Wait until the hook is completed or
+its heartbeat times out (scripts/rehearsal/lifecycle_hooks.py), as Auto Scaling keeps it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 
 from scripts.cluster_lib.executions import job_of
 from scripts.rehearsal.job_queue import matches
+from scripts.rehearsal.lifecycle_hooks import termination_hook
 from stacks.config import TIME_FORMAT
 from stacks.drain import DRAIN_ERROR, DRAIN_LEAD, STOP_GRACE_SECONDS
 from stacks.job_queue import SLOT_KEY
@@ -55,6 +59,25 @@ def _drain_rules(synthesized: Synth) -> dict[str, dict[str, Any]]:
         for k, v in resources(synthesized.templates["operations"], "AWS::Events::Rule").items()
         if k.startswith("CapacityDrain")
     }
+
+
+def in_service(cloud: Any) -> list[str]:
+    """The group's InService nodes as the supervisor reads them (DescribeAutoScalingInstances)."""
+    autoscaling = cloud.session().client("autoscaling")
+    return sorted(
+        i["InstanceId"]
+        for i in autoscaling.describe_auto_scaling_instances()["AutoScalingInstances"]
+        if i["LifecycleState"] == "InService"
+    )
+
+
+def entered(sfn: Any, execution: str) -> list[str]:
+    """The states an execution entered, in order."""
+    return [
+        e["stateEnteredEventDetails"]["name"]
+        for e in sfn.get_execution_history(executionArn=execution, maxResults=1000)["events"]
+        if "stateEnteredEventDetails" in e
+    ]
 
 
 def test_only_a_capacity_block_has_a_drain() -> None:
@@ -123,8 +146,11 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
     job = "drained"
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "1000",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
+    hook = termination_hook(block.templates["compute"])
     with (
-        stand_in(tmp_path, cluster_name=cluster_name, node_settings=HOLD_AT_5) as cloud,
+        stand_in(
+            tmp_path, cluster_name=cluster_name, node_settings=HOLD_AT_5, termination_hook=hook
+        ) as cloud,
         local_supervisor(cloud, template) as supervisor,
     ):
         train = Cli(cloud, "train", "--job-id", job, "--max-retries", "2", "--retry-delay", "1",
@@ -177,8 +203,18 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
         (stop,) = [c for c in cloud.commands.values() if c.document.endswith("StopTraining")]
         assert sorted(stop.invocations) == nodes
         assert [i.status()["status"] for i in stop.invocations.values()] == ["Success"] * 2
-        # The group scaled in once the job stopped: no job starts on nodes about to go.
-        assert cloud.desired == 0 and cloud.running() == []
+        # The group scaled in: its nodes left InService and wait in Terminating:Wait, still
+        # running (StopTraining reached them there), until their termination watch completes
+        # the hook, as termination_watch.sh does.
+        assert cloud.desired == 0 and in_service(cloud) == []
+        assert sorted(i.instance_id for i in cloud.running()) == nodes
+        autoscaling = cloud.session().client("autoscaling")
+        for node in nodes:
+            autoscaling.complete_lifecycle_action(
+                LifecycleHookName=hook.name, AutoScalingGroupName=cloud.group_name,
+                InstanceId=node, LifecycleActionResult="CONTINUE",
+            )  # fmt: skip
+        assert cloud.running() == []
         # The job left the cluster: the queue's slot is free for the next window's job.
         dynamodb = cloud.session().client("dynamodb")
         table = cloud.stack_outputs()["JobQueueTableName"]
@@ -208,13 +244,93 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
             capfd.readouterr,
         )
         assert sfn.describe_execution(executionArn=warned)["status"] == "SUCCEEDED"
-        entered = [
-            e["stateEnteredEventDetails"]["name"]
-            for e in sfn.get_execution_history(executionArn=warned, maxResults=1000)["events"]
-            if "stateEnteredEventDetails" in e
-        ]
-        assert entered[-2:] == ["AnyNodes", "GroupEmpty"], entered
+        states = entered(sfn, warned)
+        assert states[-2:] == ["AnyNodes", "GroupEmpty"], states
         assert len([c for c in cloud.commands.values() if c.document.endswith("StopTraining")]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.usefixtures("short_legs")
+def test_a_job_queued_behind_the_drained_one_waits_for_the_next_windows_nodes(
+    tmp_path: Path, sample_data: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A second job is queued behind the running one when the drain starts. The dispatcher
+    starts it once the drained job's execution ended; by then the drain has scaled the group
+    in, so its supervisor finds no node InService (the nodes wait in Terminating:Wait under the
+    synthesized hook, still running) and waits for the next window's nodes: no Preflight or
+    RunTraining of it on the draining nodes, no attempt counted, no retry spent."""
+    from scripts.rehearsal.supervisor import local_supervisor
+
+    block = synth(**BLOCK)
+    cluster_name, template = block.config.cluster_name, block.templates["operations"]
+    first, second = "drained", "queued"
+    args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "1000",
+                      "--eval-every", "5000", "--log-every", "5")  # fmt: skip
+    hook = termination_hook(block.templates["compute"])
+    with (
+        stand_in(
+            tmp_path, cluster_name=cluster_name, node_settings=HOLD_AT_5, termination_hook=hook
+        ) as cloud,
+        local_supervisor(cloud, template) as supervisor,
+    ):
+        for job in (first, second):
+            train = Cli(cloud, "train", "--job-id", job, "--max-retries", "2", "--retry-delay",
+                        "1", "--check-every", "1", "--detach", "--", *args)  # fmt: skip
+            train.run()
+            assert train.code == 0, capfd.readouterr()
+        held(tmp_path, first, 5, 400, capfd.readouterr)
+        sfn = cloud.session().client("stepfunctions")
+
+        def execution_of(job: str) -> list[dict[str, Any]]:
+            return [
+                e for e in sfn.list_executions(stateMachineArn=supervisor)["executions"]
+                if job_of(e["name"]) == job
+            ]  # fmt: skip
+
+        def attempt_commands() -> list[tuple[str, str]]:
+            return [
+                (c.command_id, c.document)
+                for c in cloud.commands.values()
+                if c.document.endswith(("-Preflight", "-RunTraining"))
+            ]
+
+        assert execution_of(second) == []  # queued: the first job holds the slot
+        before = attempt_commands()
+        assert [d for _, d in before if d.endswith("-RunTraining")] != []
+        drain = sfn.start_execution(
+            stateMachineArn=cloud.stack_outputs()["DrainStateMachineArn"],
+            name="drain-time",
+            input="{}",
+        )["executionArn"]
+        wait_for(
+            "the drain's end",
+            lambda: sfn.describe_execution(executionArn=drain)["status"] != "RUNNING",
+            600,
+            capfd.readouterr,
+        )
+        assert sfn.describe_execution(executionArn=drain)["status"] == "SUCCEEDED"
+        assert checkpoints(tmp_path / "jobs" / first) == [5]
+        # The queued job started once the drained one ended, and waits for nodes.
+        wait_for(
+            "the queued job waiting for nodes",
+            lambda: (
+                execution_of(second)
+                and "WaitForNodes" in entered(sfn, execution_of(second)[0]["executionArn"])
+            ),
+            120,
+            capfd.readouterr,
+        )
+        (queued,) = execution_of(second)
+        assert queued["status"] == "RUNNING"
+        states = entered(sfn, queued["executionArn"])
+        assert "CountAttempt" not in states and "CountRetry" not in states, states
+        # No Preflight or RunTraining since the drain started: the drained job's one attempt.
+        assert attempt_commands() == before, attempt_commands()
+        # The nodes it would have met are still running, out of service, under the hook.
+        assert in_service(cloud) == [] and len(cloud.running()) == 2
+        assert [e["status"] for e in execution_of(first)] == ["ABORTED"]
+        sfn.stop_execution(executionArn=queued["executionArn"])
 
 
 def test_the_drains_sdk_tasks_name_their_parameters_as_step_functions_takes_them() -> None:
@@ -271,9 +387,10 @@ def test_the_drains_role_allows_what_its_definition_calls_and_no_more() -> None:
 
 
 def test_the_drain_stops_only_the_slots_jobs_executions_not_the_next_ones() -> None:
-    """The synthesized drain's stop rounds (JobOfSlot to the second StopEach) in moto's
-    interpreter: of two running supervisor executions, the slot's job's is stopped, the next
-    job's (the queue's dispatcher starts it once the first ended) keeps waiting for nodes."""
+    """The synthesized drain's stop rounds (JobOfSlot to the second StopEach, the scale-in
+    passed over) in moto's interpreter: of two running supervisor executions, the slot's job's
+    is stopped, the next job's (the queue's dispatcher starts it once the first ended) keeps
+    waiting for nodes."""
     import boto3
     from moto import mock_aws
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
@@ -326,6 +443,8 @@ def test_the_drain_stops_only_the_slots_jobs_executions_not_the_next_ones() -> N
                 template, {**refs, supervisor_id: supervisor}, construct="CapacityDrain"
             )["States"]
             states["SendStopTraining"] = {"Type": "Succeed"}  # the rest runs on the nodes
+            # The scale-in comes first (the group is the rehearsal's, below); then the stops.
+            states["ScaleIn"] = {"Type": "Pass", "Next": states["ScaleIn"]["Next"]}
             drain = sfn.create_state_machine(
                 name="research-drain",
                 definition=json.dumps({"StartAt": "JobOfSlot", "States": states}),

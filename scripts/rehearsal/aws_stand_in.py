@@ -14,8 +14,10 @@ operation before the caller sees it (`validate_answer`, as botocore's Stubber ch
 
 Served here: CloudFormation DescribeStacks; EC2 DescribeInstances, DescribeTags,
 DescribeNetworkInterfaces; Auto Scaling DescribeAutoScalingGroups, DescribeAutoScalingInstances,
-DescribeInstanceRefreshes, SetInstanceHealth (an Unhealthy node is replaced); SNS Publish (kept
-in `notifications`). Served by the parts beside this file: SSM SendCommand, ListCommands,
+DescribeInstanceRefreshes, SetInstanceHealth (an Unhealthy node is replaced),
+UpdateAutoScalingGroup and CompleteLifecycleAction (a node that a scale-in takes waits in
+Terminating:Wait under the group's termination hook: lifecycle_hooks.py); SNS Publish (kept in
+`notifications`). Served by the parts beside this file: SSM SendCommand, ListCommands,
 ListCommandInvocations, GetCommandInvocation, CancelCommand, DescribeInstanceInformation
 (ssm_stand_in.py); CloudWatch Logs DescribeLogStreams, GetLogEvents, FilterLogEvents
 (logs_stand_in.py); S3 HeadObject, PutObject, ListObjectsV2 on the data bucket, whose objects
@@ -52,6 +54,7 @@ from scripts.rehearsal.instances import (
     Instances,
     now,
 )
+from scripts.rehearsal.lifecycle_hooks import TerminatingNodes, TerminationHook
 from scripts.rehearsal.logs_stand_in import LogsStandIn
 from scripts.rehearsal.s3_stand_in import S3StandIn
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
@@ -120,9 +123,12 @@ class LocalCloud:
         node_settings: dict[str, str] | None = None,
         python: str = sys.executable,
         instances: type[Instances] = Instances,
+        termination_hook: TerminationHook | None = None,
     ) -> None:
         """`instances` makes the nodes: the rehearsal's (namespaces, an agent each) or the
-        scale rehearsal's simulated ones (fleet.py)."""
+        scale rehearsal's simulated ones (fleet.py). `termination_hook`: the group's, from the
+        synthesized compute template (lifecycle_hooks.termination_hook); without one a
+        scale-in terminates its nodes at once, as a group without a hook does."""
         self.hosts = hosts
         self.output = output.resolve()
         self.cluster_name = cluster_name
@@ -149,6 +155,12 @@ class LocalCloud:
         self.ssm.tags = self._tags
         #: The group's size once UpdateAutoScalingGroup set it (None: node_count, as deployed).
         self.desired: int | None = None
+        #: The nodes a scale-in took, in Terminating:Wait (None: the group has no such hook).
+        self.terminating = (
+            None
+            if termination_hook is None
+            else TerminatingNodes(termination_hook, self._terminate, self._lock)
+        )
         self.commands = self.ssm.commands
         self.logs = LogsStandIn(self.ssm)
         #: Who answers each service's calls (its methods `_<service>_<Operation>`); this
@@ -159,6 +171,8 @@ class LocalCloud:
         self._services: dict[str, object] = {"ssm": self.ssm, "logs": self.logs, "s3": self.s3}
 
     def close(self) -> None:
+        if self.terminating is not None:
+            self.terminating.close()
         self.instances.close()
 
     def __enter__(self) -> LocalCloud:
@@ -174,6 +188,19 @@ class LocalCloud:
 
     def running(self) -> list[Instance]:
         return self.instances.running()
+
+    def lifecycle_state(self, instance: Instance) -> str:
+        """The node's Auto Scaling lifecycle state (Auto Scaling API reference, Instance)."""
+        waiting = self.terminating is not None and instance.instance_id in self.terminating
+        return "Terminating:Wait" if waiting else "InService"
+
+    def in_service(self) -> list[Instance]:
+        return [i for i in self.running() if self.lifecycle_state(i) == "InService"]
+
+    def _terminate(self, instance_id: str) -> None:
+        instance = self.instances.instance(instance_id)
+        if instance is not None and instance.state == "running":
+            self.instances.terminate(instance)
 
     def cancel(self, command_id: str, instance_id: str) -> None:
         """What the console's Cancel command does, for one node."""
@@ -411,7 +438,7 @@ class LocalCloud:
                         {
                             "InstanceId": i.instance_id,
                             "AvailabilityZone": ZONE,
-                            "LifecycleState": "InService",
+                            "LifecycleState": self.lifecycle_state(i),
                             "HealthStatus": i.health,
                             "ProtectedFromScaleIn": False,
                             "LaunchTemplate": template,
@@ -436,7 +463,7 @@ class LocalCloud:
                 "InstanceType": INSTANCE_TYPE,
                 "AutoScalingGroupName": self.group_name,
                 "AvailabilityZone": ZONE,
-                "LifecycleState": "InService",
+                "LifecycleState": self.lifecycle_state(i),
                 "HealthStatus": "HEALTHY" if i.health == "Healthy" else "UNHEALTHY",
                 "LaunchTemplate": template,
                 "ProtectedFromScaleIn": False,
@@ -447,13 +474,35 @@ class LocalCloud:
         return {"AutoScalingInstances": found[:limit]}
 
     def _autoscaling_UpdateAutoScalingGroup(self, params: dict[str, Any]) -> dict[str, Any]:
-        """A new size (the drain's scale-in): the group terminates the nodes beyond it."""
+        """A new size (the drain's scale-in): the group terminates the InService nodes beyond
+        it; under a termination hook each leaves InService at once and waits, still running,
+        in Terminating:Wait (lifecycle_hooks.py)."""
         if params["AutoScalingGroupName"] != self.group_name:
             raise LocalError("ValidationError", f"group {params['AutoScalingGroupName']} not found")
         if "DesiredCapacity" in params:
             self.desired = int(params["DesiredCapacity"])
-            for instance in self.running()[self.desired :]:
-                self.instances.terminate(instance)
+            for instance in self.in_service()[self.desired :]:
+                if self.terminating is None:
+                    self.instances.terminate(instance)
+                else:
+                    self.terminating.wait(instance.instance_id)
+        return {}
+
+    def _autoscaling_CompleteLifecycleAction(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What termination_watch.sh calls once its node's job stopped: the waiting node is
+        terminated now (CONTINUE or ABANDON alike, for a termination hook)."""
+        hook, instance_id = params["LifecycleHookName"], params.get("InstanceId", "")
+        if (
+            self.terminating is None
+            or hook != self.terminating.hook.name
+            or params["AutoScalingGroupName"] != self.group_name
+        ):
+            raise LocalError("ValidationError", f"No Lifecycle Hook found named {hook}")
+        if not self.terminating.complete(instance_id):
+            raise LocalError(
+                "ValidationError",
+                f"No active Lifecycle Action found with instance ID {instance_id}",
+            )
         return {}
 
     def _autoscaling_DescribeInstanceRefreshes(self, params: dict[str, Any]) -> dict[str, Any]:
