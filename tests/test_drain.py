@@ -475,3 +475,44 @@ def test_the_drain_stops_only_the_slots_jobs_executions_not_the_next_ones() -> N
                     sfn.stop_execution(executionArn=arn)
         finally:
             aws_sdk.boto_client_for = original
+
+
+def test_the_rehearsals_termination_hook_is_the_synthesized_one() -> None:
+    """The stand-in keeps a terminating node as long as the deployed hook says (its heartbeat,
+    then its default result), which leaves the trainers their whole stop grace."""
+    from scripts.rehearsal.lifecycle_hooks import TerminationHook
+    from stacks.compute import TERMINATION_TIMEOUT
+
+    block = alternative()
+    hook = termination_hook(block.templates["compute"])
+    assert hook == TerminationHook(
+        f"{block.config.cluster_name}-terminating",
+        int(TERMINATION_TIMEOUT.to_seconds()),
+        "CONTINUE",
+    )
+    assert hook.heartbeat_seconds > STOP_GRACE_SECONDS
+
+
+def test_a_node_in_terminating_wait_goes_when_its_hooks_heartbeat_times_out() -> None:
+    """Auto Scaling user guide, "How lifecycle hooks work": a node stays in Terminating:Wait
+    until the action is completed or the time-out ends, then it is terminated."""
+    import threading
+
+    from scripts.rehearsal.lifecycle_hooks import TerminatingNodes, TerminationHook
+
+    ended: list[str] = []
+    gone_now = threading.Event()
+
+    def terminate(instance_id: str) -> None:
+        ended.append(instance_id)
+        gone_now.set()
+
+    nodes = TerminatingNodes(TerminationHook("h", 1, "CONTINUE"), terminate, threading.Lock())
+    nodes.wait("i-1")
+    assert "i-1" in nodes and ended == []
+    assert gone_now.wait(30), "the node outlived its hook's heartbeat"
+    assert ended == ["i-1"] and "i-1" not in nodes
+    assert not nodes.complete("i-1")  # nothing left to complete
+    nodes.wait("i-2")
+    assert nodes.complete("i-2") and ended == ["i-1", "i-2"]
+    nodes.close()
