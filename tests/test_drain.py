@@ -21,6 +21,7 @@ import pytest
 from scripts.cluster_lib.executions import job_of
 from scripts.rehearsal.job_queue import matches
 from scripts.rehearsal.lifecycle_hooks import termination_hook
+from scripts.rehearsal.sdk_clients import one_at_a_time
 from stacks.config import TIME_FORMAT
 from stacks.drain import DRAIN_ERROR, DRAIN_LEAD, STOP_GRACE_SECONDS
 from stacks.job_queue import SLOT_KEY
@@ -420,6 +421,7 @@ def test_the_drain_stops_only_the_slots_jobs_executions_not_the_next_ones() -> N
             region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
         )
 
+        @one_at_a_time
         def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
             # Step Functions through moto's own client (as the rehearsal's supervisor does).
             if service == "stepfunctions":

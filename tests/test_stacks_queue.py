@@ -25,6 +25,7 @@ from scripts.cluster_lib.executions import execution_name, job_of
 from scripts.cluster_lib.outputs import StackOutputs
 from scripts.cluster_lib.queue import JobQueue
 from scripts.rehearsal.job_queue import LocalQueue, local_queue, table_logical_id
+from scripts.rehearsal.sdk_clients import one_at_a_time
 from scripts.rehearsal.supervisor import definition as machine_definition
 from stacks.job_queue import ENDED
 from tests.cdk_support import Synth, only_resource, resources, synth
@@ -150,7 +151,8 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
             region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing"
         )
 
-        def client_for(region: str, service: str, *_: Any, **__: Any) -> Any:
+        @one_at_a_time
+        def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
             client = session.client(service, region_name=region)
             return SfnAsSdkIntegration(client) if service == "stepfunctions" else client
 

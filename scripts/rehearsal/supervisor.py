@@ -33,6 +33,7 @@ from scripts.cluster_lib.documents import DOCUMENT_NAMES
 from scripts.rehearsal import sdk_parameters
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.job_queue import local_queue
+from scripts.rehearsal.sdk_clients import one_at_a_time
 
 ACCOUNT = "123456789012"
 
@@ -413,6 +414,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     original = aws_sdk.boto_client_for
     session = cloud.session()
 
+    @one_at_a_time
     def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
         if service == "stepfunctions":
             return SfnAsSdkIntegration(original(region, service, state_credentials))
