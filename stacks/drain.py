@@ -61,8 +61,8 @@ from constructs import Construct
 
 from stacks.config import CLUSTER_TAG_KEY, TIME_FORMAT, ClusterConfig
 from stacks.job_queue import SLOT_KEY
-from stacks.log_groups import execution_log_group
 from stacks.nag import acknowledge
+from stacks.state_machines import logged_state_machine, role_and_log_group
 
 STOP_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "node" / "stop.sh"
 
@@ -132,24 +132,19 @@ class CapacityDrain(Construct):
         self.stop_document = stop_document
         self.training_log_group = training_log_group
         name = f"{config.cluster_name}-drain"
-        self.log_group = execution_log_group(self, name, config=config, key=key)
-        self.role = iam.Role(
+        self.role, self.log_group = role_and_log_group(
             self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+            name,
             description=f"{config.cluster_name}: the drain at the Capacity Block's end",
+            config=config,
+            key=key,
         )
-        self.state_machine = sfn.StateMachine(
+        self.state_machine = logged_state_machine(
             self,
-            "StateMachine",
-            state_machine_name=name,
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_chainable(self._definition()),
+            name,
+            self._definition(),
             role=self.role,
-            logs=sfn.LogOptions(
-                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
-            ),
-            tracing_enabled=True,
+            log_group=self.log_group,
             timeout=cdk.Duration.hours(1),
             comment=f"{config.cluster_name}: stops the running job before the block ends",
         )

@@ -54,7 +54,6 @@ import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
@@ -62,8 +61,8 @@ from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
 from stacks.config import ClusterConfig
-from stacks.log_groups import execution_log_group
 from stacks.nag import acknowledge
+from stacks.state_machines import logged_state_machine, role_and_log_group
 
 #: The partition keys of the two kinds of item, and the slot's sort key.
 QUEUE, SLOT = "queue", "slot"
@@ -118,24 +117,19 @@ class JobDispatcher(Construct):
         self.supervisor = supervisor
         self.supervisor_name = supervisor_name
         name = f"{config.cluster_name}-dispatcher"
-        self.log_group = execution_log_group(self, name, config=config, key=key)
-        self.role = iam.Role(
+        self.role, self.log_group = role_and_log_group(
             self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+            name,
             description=f"{config.cluster_name}: the job queue's dispatcher",
+            config=config,
+            key=key,
         )
-        self.state_machine = sfn.StateMachine(
+        self.state_machine = logged_state_machine(
             self,
-            "StateMachine",
-            state_machine_name=name,
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_chainable(self._definition()),
+            name,
+            self._definition(),
             role=self.role,
-            logs=sfn.LogOptions(
-                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
-            ),
-            tracing_enabled=True,
+            log_group=self.log_group,
             comment=f"{config.cluster_name}: starts the next queued job when the cluster is free",
         )
         machine = self.state_machine.node.default_child
