@@ -113,6 +113,11 @@ def validate_answer(operation: Any, body: dict[str, Any]) -> None:
 class LocalCloud:
     """The cluster's AWS side on this machine; `clients()` gives the CLI its boto3 clients."""
 
+    #: The nodes a scale-in took, in Terminating:Wait (None: the group has no such hook). A
+    #: class default too: the tests that measure single answers make a LocalCloud without
+    #: __init__.
+    terminating: TerminatingNodes | None = None
+
     def __init__(
         self,
         hosts: NetnsHosts,
@@ -155,7 +160,6 @@ class LocalCloud:
         self.ssm.tags = self._tags
         #: The group's size once UpdateAutoScalingGroup set it (None: node_count, as deployed).
         self.desired: int | None = None
-        #: The nodes a scale-in took, in Terminating:Wait (None: the group has no such hook).
         self.terminating = (
             None
             if termination_hook is None
