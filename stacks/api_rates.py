@@ -88,8 +88,9 @@ MAX_LISTED = 1000
 #: MoreOfGroup), and per ReadNodes child (ReadBatchNodes, SelectBatchHealthy, AnyBatchNodeReady,
 #: ReadBatchAddresses). tests/test_api_rates.py counts them in the synthesized definition.
 NODE_WAIT_STATES, TAG_PAGE_STATES, READ_CHILD_STATES = 9, 4, 4
-#: Per child per poll of a command: <Doc>Wait, <Doc>Poll, <Doc>Nodes, <Doc>NodesAlive, <Doc>Ended.
-POLL_STATES = 5
+#: Per child per poll of a command: <Doc>Wait, <Doc>WaitForWake (its SendMessage to the wake
+#: queue: stacks/supervisor_wake.py), <Doc>Poll, <Doc>Nodes, <Doc>NodesAlive, <Doc>Ended.
+POLL_STATES = 6
 #: The most states one invocation's classification enters (PreflightClassify, PreflightPlugin,
 #: PreflightByCode, PreflightMarkUnhealthy, PreflightReplaced; RunTraining's: its Classify,
 #: Plugin, StatusNamed, ByCode, and for an input error InputError and InputErrorSaid);
@@ -148,6 +149,8 @@ _ASG = (
     "Amazon EC2 Auto Scaling user guide, Auto Scaling service quotas (resources only)",
     "https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-quotas.html",
 )
+_SQS = ("Amazon SQS developer guide, Amazon SQS message quotas",
+        "https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html")  # fmt: skip  # noqa: E501
 _SNS = ("AWS General Reference, Amazon Simple Notification Service endpoints and quotas",
         "https://docs.aws.amazon.com/general/latest/gr/sns.html")  # fmt: skip
 _CWL = (
@@ -218,6 +221,11 @@ QUOTAS: dict[str, Quota] = {
     "autoscaling:SetInstanceHealth": _unconfirmed(
         _ASG, "AWS publishes no API request rate for EC2 Auto Scaling; not confirmed"
     ),
+    "sqs:SendMessage": _unconfirmed(
+        _SQS,
+        "standard queues support a nearly unlimited number of API calls per second per action "
+        "on that page; no figure, so not confirmed here",
+    ),
     "sns:Publish": _unconfirmed(
         _SNS, "Publish is thousands of TPS per region on that page; the figure not confirmed here"
     ),
@@ -272,12 +280,13 @@ def attempt_start(node_count: int) -> Counter[str]:
 
 def command_poll(node_count: int) -> Counter[str]:
     """One poll of a running command: ListCommands and DescribeAutoScalingInstances in each
-    batch's child execution."""
+    batch's child execution, and the wait before it, a message to the wake queue."""
     n = batches(node_count)
     return Counter(
         {
             "ssm:ListCommands": n,
             "autoscaling:DescribeAutoScalingInstances": n,
+            "sqs:SendMessage": n,
             TRANSITIONS: POLL_STATES * n,
         }
     )

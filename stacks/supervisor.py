@@ -65,6 +65,7 @@ from stacks.nag import acknowledge
 from stacks.supervisor_run import LEG_TIME_LIMIT_STATUS, REPLACE_NODE_STATUS, ROLL_FLEET_STATUS
 from stacks.supervisor_states import JOB_DEFAULTS, SupervisorStates
 from stacks.supervisor_tasks import SupervisorTasks
+from stacks.supervisor_wake import SupervisorWake, wake_queue
 from stacks.supervisor_workflow import definition
 
 __all__ = [
@@ -112,6 +113,8 @@ class JobSupervisor(Construct):
             assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
             description=f"{config.cluster_name}: the job supervisor's state machine",
         )
+        # The queue whose messages wake the batches' polls, and the wake that reads it.
+        self.wake_queue = wake_queue(self, config, key)
         states = SupervisorStates(
             SupervisorTasks(
                 scope=self,
@@ -122,6 +125,7 @@ class JobSupervisor(Construct):
                 role=self.role,
                 state_machine_arn=self.state_machine_arn,
                 queue_table=queue_table,
+                wake_queue=self.wake_queue,
             )
         )
         self.state_machine = sfn.StateMachine(
@@ -152,6 +156,9 @@ class JobSupervisor(Construct):
         machine.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         # The topic is encrypted with the operations key: publishing needs a data key.
         key.grant(self.role, "kms:Decrypt", "kms:GenerateDataKey*")
+        self.wake = SupervisorWake(
+            self, "Wake", config=config, queue=self.wake_queue, documents=documents, key=key
+        )
         self._announce_ends()
         self._acknowledge()
 

@@ -17,9 +17,10 @@ its polls for nodes (MAX_NODE_WAITS of node_wait_events: a page of the group's i
 more for every TAG_PAGE of them), however often the commands are polled; no event per node
 (the group is read batch by batch in child executions, the host list is one state) and none
 per poll. A batch's child execution sends the command, polls it once per PollSeconds for up to
-LEG_SECONDS (EVENTS_PER_POLL each), and classifies its invocations (at most EVENTS_PER_NODE a
-node) with CHILD_OTHER_EVENTS around them: min_poll_seconds is what that child's history
-allows, the same from 50 nodes to 1,024 (stacks/config.py bounds node_count).
+LEG_SECONDS (EVENTS_PER_POLL each) and is woken early at most WAKE_BUDGET times
+(EVENTS_PER_WAKE each: stacks/supervisor_wake.py), and classifies its invocations (at most
+EVENTS_PER_NODE a node) with CHILD_OTHER_EVENTS around them: min_poll_seconds is what that
+child's history allows, the same from 50 nodes to 1,024 (stacks/config.py bounds node_count).
 """
 
 from __future__ import annotations
@@ -44,11 +45,25 @@ CHILD_OTHER_EVENTS = 500
 #: the addresses, the host list, the two Distributed Maps' runs, the grace period, the stop
 #: check, notifications and the hand-over.
 OTHER_EVENTS = 1_000
-#: One poll, in a batch's child execution: Wait (entered, exited), two Tasks (entered,
-#: scheduled, started, succeeded, exited: ListCommands, and DescribeAutoScalingInstances for
-#: the batch's nodes still in service), a Pass that counts them and the Choice (entered,
-#: exited each). tests/test_supervisor.py counts them in a child's history.
-EVENTS_PER_POLL = 16
+#: One poll, in a batch's child execution, after a wait that ran its full PollSeconds: the
+#: <Document>Wait Choice (entered, exited), the <Document>WaitForWake callback Task that timed
+#: out (entered, scheduled, started, submitted, timed out, exited: stacks/supervisor_wake.py), two
+#: Tasks (entered, scheduled, started, succeeded, exited: ListCommands, and
+#: DescribeAutoScalingInstances for the batch's nodes still in service), a Pass that counts
+#: them and the Choice (entered, exited each). A plain Wait once the wakes are spent writes
+#: less (2 instead of the callback's 6). tests/test_supervisor_wake.py counts them in a child's
+#: history.
+EVENTS_PER_POLL = 22
+#: One poll that a wake started: the callback Task succeeded (entered, scheduled, started,
+#: submitted, succeeded, exited), the <Document>Woken Pass that counts it, the rest as a poll's.
+#: tests/test_supervisor_wake.py counts them in a child's history.
+EVENTS_PER_WAKE = 24
+#: The wakes one batch's child takes in one attempt; after them it waits PollSeconds between
+#: polls. When 1,024 invocations end at once, each of their events wakes every parked child,
+#: and a woken child that finds nothing new parks again: the budget keeps such a herd from
+#: filling the child's history. A wake counts for no seconds of the leg, so the budget's
+#: events come off what the timed polls may write (poll_events).
+WAKE_BUDGET = 40
 #: One poll for a full set of nodes, in the job's execution, when the group's instance IDs fit
 #: one page: Wait 2, the ReadGroup Task 5, the ReadNodes Distributed Map 4 (entered, map run
 #: started and succeeded, exited: its batches are child executions of their own), six Pass or
@@ -110,7 +125,12 @@ def job_events(node_count: int) -> int:
 def poll_events(node_count: int) -> int:
     """The events the polls of one attempt may write in the child execution of its largest
     batch on `node_count` nodes."""
-    return HISTORY_EVENTS - CHILD_OTHER_EVENTS - EVENTS_PER_NODE * min(node_count, SEND_BATCH)
+    return (
+        HISTORY_EVENTS
+        - CHILD_OTHER_EVENTS
+        - EVENTS_PER_NODE * min(node_count, SEND_BATCH)
+        - WAKE_BUDGET * EVENTS_PER_WAKE
+    )
 
 
 def min_poll_seconds(node_count: int, leg_seconds: int | None = None) -> int:

@@ -48,6 +48,7 @@ from stacks.supervisor_limits import POLL_LIMIT_MARGIN, SEND_BATCH
 from stacks.supervisor_outcomes import map_failed
 from stacks.supervisor_results import read_and_classify
 from stacks.supervisor_tasks import SupervisorTasks
+from stacks.supervisor_wake import park
 
 #: preflight.sh exits with this status on a fault no retry on the node fixes (a Neuron hardware
 #: error, fewer EFA devices than the instance type has, a failed bootstrap): replace the node.
@@ -143,8 +144,9 @@ def run_on_every_node(
             "Hosts": sfn.JsonPath.string_at("$.Nodes.Hosts"),
             "Job": sfn.JsonPath.object_at("$.Job"),
             "Attempt": sfn.JsonPath.number_at("$.Counters.Attempts"),
-            # The seconds the batch's command has been polled, counted in polls (_follow).
-            "Alive": {"Waited": 0},
+            # The seconds the batch's command has been polled, counted in polls (_follow), and
+            # the polls a wake started (stacks/supervisor_wake.py).
+            "Alive": {"Waited": 0, "Woken": 0},
             # When the nodes were ready: a command sent since then is this attempt's (_send).
             "Since": sfn.JsonPath.string_at("$.Nodes.Since"),
         },
@@ -300,7 +302,6 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
     node has ended, or its instance no longer runs, the others may run on for
     FailureGraceSeconds before the rest of the command is cancelled."""
     p = document
-    wait = sfn.Wait(t.scope, f"{p}Wait", time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"))
     command_id = {"CommandId": sfn.JsonPath.string_at("$.Command.CommandId")}
     poll = t.sdk(
         f"{p}Poll",
@@ -317,6 +318,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
         },
         result_path="$.Poll",
     )
+    wait = park(t.scope, p, t.wake_queue, poll)
     nodes = t.in_service(f"{p}Nodes", "Ids", ".InstanceId", "$.Seen")
     ids = sfn.JsonPath.list_at("$.Seen.Ids")
     alive = sfn.Pass(
@@ -326,6 +328,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
             "Ids": ids,
             "Count": sfn.JsonPath.array_length(ids),
             "Waited.$": "States.MathAdd($.Alive.Waited, $.Job.PollSeconds)",
+            "Woken.$": "$.Alive.Woken",
         },
         result_path="$.Alive",
     )
@@ -385,14 +388,17 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
         ),
         cancel,
     ).when(node_gone, gone).when(node_ended, grace).otherwise(wait)
-    send.next(wait).next(poll).next(nodes).next(alive).next(ended)
+    send.next(wait)
+    poll.next(nodes).next(alive).next(ended)
     _find_sent(t, document, send).next(wait)
     gone.next(grace)
     grace.next(wait_grace).next(poll)
     cancel.next(others)
     too_long.add_catch(results, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
     too_long.next(results)
-    others_end.next(cancelled).next(wait)
+    # Polled at once after the cancel: the invocations may all have ended already (a node gone,
+    # the others failed on their own), and then no event would come to end a wait.
+    others_end.next(cancelled).next(poll)
 
 
 def execution_timeout(content: dict[str, Any]) -> int:

@@ -23,6 +23,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_ssm as ssm
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
@@ -47,6 +48,9 @@ class SupervisorTasks:
     state_machine_arn: str
     #: The job queue's table (stacks/job_queue.py), whose slot names the job allowed to run.
     queue_table: dynamodb.ITableV2
+    #: The queue whose messages wake the batches' polls (stacks/supervisor_wake.py); None: the
+    #: polls wait PollSeconds.
+    wake_queue: sqs.IQueue | None = None
 
     @property
     def job_id(self) -> str:

@@ -43,6 +43,10 @@ _ARN_OF: dict[tuple[str, str], tuple[str, str, str] | None] = {
     # <name>" (CloudFormation, AWS::DynamoDB::GlobalTable return values), its Ref the name.
     ("AWS::DynamoDB::GlobalTable", "Arn"): ("dynamodb", "table", ""),
     ("AWS::DynamoDB::GlobalTable", "Ref"): None,
+    # A queue's Arn is "arn:aws:sqs:<region>:<account>:<name>", its Ref the queue's URL
+    # (CloudFormation, AWS::SQS::Queue return values).
+    ("AWS::SQS::Queue", "Arn"): ("sqs", "queue", ""),
+    ("AWS::SQS::Queue", "Ref"): None,
 }
 
 

@@ -262,12 +262,12 @@ def operations() -> tuple[str, dict[str, Any]]:
 @pytest.fixture
 def short_legs(monkeypatch: pytest.MonkeyPatch) -> None:
     """`train --check-every 1` for the stand-in's jobs of a few minutes: the CLI allows a
-    poll that short only for legs of at most 10 minutes (stacks/supervisor_limits.py; moto's
-    interpreter has no history quota, AWS has), so the leg length it assumes is made 10
+    poll that short only for legs of at most 5 minutes (stacks/supervisor_limits.py; moto's
+    interpreter has no history quota, AWS has), so the leg length it assumes is made 5
     minutes here."""
     from stacks import supervisor_limits
 
-    monkeypatch.setattr(supervisor_limits, "LEG_SECONDS", 600)
+    monkeypatch.setattr(supervisor_limits, "LEG_SECONDS", 300)
 
 
 def execution_status(cloud: Any, job: str) -> list[str]:

@@ -41,7 +41,12 @@ SETTINGS = {"PollSeconds": 720, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5
 @contextlib.contextmanager
 def instant_waits() -> Iterator[None]:
     """Every Wait state of moto's interpreter (moto/stepfunctions/parser/asl/component/state/
-    wait/wait_function/wait_function.py, WaitFunction._wait_interval) passes at once."""
+    wait/wait_function/wait_function.py, WaitFunction._wait_interval) passes at once, and so
+    does every callback wait's time limit (the polls' WaitForWake: StateTaskServiceCallback.
+    _wait_for_task_token_timeout, in state_task/service/state_task_service_callback.py)."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (  # noqa: E501
+        StateTaskServiceCallback,
+    )
     from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import (
         WaitFunction,
     )
@@ -49,7 +54,15 @@ def instant_waits() -> Iterator[None]:
     def at_once(self: Any, env: Any, wait_seconds: int) -> None:
         env.program_state_event.wait(0.005)
 
-    with patch.object(WaitFunction, "_wait_interval", at_once):
+    original = StateTaskServiceCallback._wait_for_task_token_timeout
+
+    def callback_at_once(self: Any, timeout_seconds: int, callback_endpoint: Any) -> Any:
+        return original(self, 0.005, callback_endpoint)  # type: ignore[arg-type]
+
+    with (
+        patch.object(WaitFunction, "_wait_interval", at_once),
+        patch.object(StateTaskServiceCallback, "_wait_for_task_token_timeout", callback_at_once),
+    ):
         yield
 
 

@@ -61,14 +61,18 @@ def documents(cloud: Any, name: str) -> list[Any]:
     return [c for c in cloud.commands.values() if c.document.endswith(name)]
 
 
-def die_and_resume(tmp_path: Path, sample_data: Path, cluster: Synth) -> dict[str, Any]:
+def die_and_resume(
+    tmp_path: Path, sample_data: Path, cluster: Synth, settings: dict[str, int] | None = None
+) -> dict[str, Any]:
     """One of the job's nodes dies while the trainers hold after step 5; with no spare the
-    replacement starts once the workflow waits for nodes. Returns what the test checks."""
+    replacement starts once the workflow waits for nodes. `settings`: the supervisor's
+    (FAST by default). Returns what the test checks."""
+    settings = settings or FAST
     job = "spare" if cluster.config.spare_nodes else "no-spare"
     args = train_args(sample_data, "--max-steps", "10", "--checkpoint-every", "5",
                       "--eval-every", "10", "--log-every", "1")  # fmt: skip
     with supervised(tmp_path, cluster, node_settings=HOLD_AT_5) as (cloud, supervisor):
-        execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=1, **FAST)
+        execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=1, **settings)
         held(tmp_path, job, 5, 400, lambda: supervisor.trace(execution))
         assert checkpoints(tmp_path / "jobs" / job) == [5]
         (first,) = documents(cloud, "RunTraining")
@@ -105,11 +109,12 @@ def die_and_resume(tmp_path: Path, sample_data: Path, cluster: Synth) -> dict[st
             "resumed": resumed,
             "seconds": resumed["time"] - died,
             "resume": [r["step"] for r in job_metrics(tmp_path, job, "resume")],
+            "woken": [e["detail-type"] for e in cloud.wake.delivered],
         }
 
 
-def report(seen: dict[str, Any], cluster: Synth) -> None:
-    settings = ", ".join(f"{k} {v}" for k, v in FAST.items())
+def report(seen: dict[str, Any], cluster: Synth, used: dict[str, int] | None = None) -> None:
+    settings = ", ".join(f"{k} {v}" for k, v in (used or FAST).items())
     print(
         f"\nspare_nodes={cluster.config.spare_nodes}: death to training again "
         f"{seen['seconds']:.1f} s (first step {seen['resumed']['step']} of the resumed run; "
@@ -148,3 +153,35 @@ def test_without_a_spare_the_retry_waits_for_the_replacement(
     assert seen["runs"] == [seen["chosen"], survivor | {seen["replacement"]}]
     assert seen["resume"] == [5] and seen["resumed"]["step"] == 6
     report(seen, cluster)
+
+
+#: Realistic settings: the default poll, which only the wake's events cut short
+#: (stacks/supervisor_wake.py), and a short grace and retry delay (docs/operating.md, "Warm
+#: spares", says why they may be this short).
+WOKEN = {"PollSeconds": 300, "FailureGraceSeconds": 30, "RetryDelaySeconds": 5}
+#: A poll that no event cuts short would leave the job untouched for this long.
+LONG_POLL = {**WOKEN, "PollSeconds": 600}
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.parametrize("settings", [WOKEN, LONG_POLL], ids=["poll-300", "poll-600"])
+def test_with_a_spare_the_wake_has_the_job_training_again_well_within_a_poll(
+    tmp_path: Path, sample_data: Path, settings: dict[str, int]
+) -> None:
+    """The same death with a spare at PollSeconds 300 and 600: the group's termination of the
+    node (its lifecycle action event) and the invocations' ends (Run Command's events) wake the
+    batches' polls, so the preflights, the death, the cancel and the retry are each acted on
+    within seconds; training resumes at step 6 on the survivor and the spare well within one
+    PollSeconds of the death (at PollSeconds 600 without the wake, the first preflight alone
+    would wait ten minutes: tests/test_supervisor_wake.py shows the same wait running out)."""
+    cluster = synth(spare_nodes="1")
+    seen = die_and_resume(tmp_path, sample_data, cluster, settings)
+    survivor = seen["chosen"] - {seen["victim"]}
+    (spare,) = seen["spares"]
+    assert "WaitForNodes" not in seen["entered"], seen["entered"]
+    assert seen["runs"] == [seen["chosen"], survivor | {spare}]
+    assert seen["resume"] == [5] and seen["resumed"]["step"] == 6
+    assert "EC2 Instance-terminate Lifecycle Action" in seen["woken"], seen["woken"]
+    assert seen["seconds"] < settings["PollSeconds"] / 2, seen["seconds"]
+    report(seen, cluster, settings)

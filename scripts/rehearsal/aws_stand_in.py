@@ -61,8 +61,9 @@ from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
 from stacks.config import CLUSTER_TAG_KEY
 
 #: Services the stand-in leaves to whatever else answers botocore's calls: Step Functions is
-#: moto's, with its ASL interpreter (supervisor.py), and so is DynamoDB (the job queue).
-PASSED_THROUGH = {"stepfunctions", "dynamodb"}
+#: moto's, with its ASL interpreter (supervisor.py), and so are DynamoDB (the job queue) and SQS
+#: (the supervisor's wake queue: wake.py).
+PASSED_THROUGH = {"stepfunctions", "dynamodb", "sqs"}
 TAG_KEY = CLUSTER_TAG_KEY  # the nodes' tags as the compute stack writes them
 ROLE_TAG = "trainium-cluster:role"
 LAUNCH_TEMPLATE_VERSION_TAG = "aws:ec2launchtemplate:version"
@@ -117,6 +118,8 @@ class LocalCloud:
     #: class default too: the tests that measure single answers make a LocalCloud without
     #: __init__.
     terminating: TerminatingNodes | None = None
+    #: The supervisor's wake rules (wake.py WakeRules) while its state machine runs here.
+    wake: Any = None
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ from scripts.rehearsal import sdk_parameters
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.job_queue import local_queue
 from scripts.rehearsal.sdk_clients import one_at_a_time
+from scripts.rehearsal.wake import WAKE_CONSTRUCT, create_queue, local_wake, queue_logical_id
 
 ACCOUNT = "123456789012"
 
@@ -371,6 +372,31 @@ def map_run_failures() -> Iterator[None]:
         worker._eval_job = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def stops_stay_stopped() -> Iterator[None]:
+    """moto's interpreter, keeping an execution that StopExecution stopped ABORTED, as Step
+    Functions does (API reference, StopExecution: the execution's status becomes ABORTED). moto's
+    Environment.set_error overwrites a stopped program state with an error that a state still
+    finishing raises after the stop (a callback wait, such as the polls' WaitForWake, ends by its
+    own timeout and then fails in the stopped frame: moto/stepfunctions/parser/asl/eval/
+    environment.py), which turns the stopped execution FAILED."""
+    from moto.stepfunctions.parser.asl.eval.environment import Environment
+    from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
+
+    original = Environment.set_error
+
+    def set_error(self: Any, error: Any) -> None:
+        if isinstance(self.program_state(), ProgramStopped):
+            return
+        original(self, error)
+
+    Environment.set_error = set_error  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Environment.set_error = original  # type: ignore[method-assign]
+
+
 #: Step Functions names an AWS SDK integration's error ServiceName.ErrorName, both in PascalCase,
 #: with the Exception suffix (developer guide, "supported-services-awssdk"): SSM's
 #: InvalidInstanceId is Ssm.InvalidInstanceIdException. moto knows the service part for
@@ -421,7 +447,6 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         return session.client(service, region_name=region)
 
     refs = stand_in_refs(template, cloud, region)
-    parsed = definition(template, refs)
     machine_id, machine = _machine(template, "JobSupervisor")
     name = machine["Properties"].get("StateMachineName", f"{cloud.cluster_name}-jobs")
     # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
@@ -432,17 +457,24 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         sdk_parameter_names(),
         map_run_failures(),
         sdk_error_names(),
+        stops_stay_stopped(),
     ):
         paths.enter_context(patch)
     queues = contextlib.ExitStack()
     mock.start()
     aws_sdk.boto_client_for = client_for
+    cloud.wake = None
     # The interpreter logs, at ERROR, every JSONPath a Choice finds absent ($.Grace before a
     # grace period starts): how the definition is meant to work, not a fault.
     quiet = logging.getLogger("moto.stepfunctions.parser")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
+        # The wake queue first: the definition names its URL.
+        refs[queue_logical_id(template)] = create_queue(
+            session.client("sqs", region_name=region), template
+        )
+        parsed = definition(template, refs)
         client = session.client("stepfunctions", region_name=region)
         arn: str = client.create_state_machine(
             name=name,
@@ -463,6 +495,17 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         )  # fmt: skip
         cloud.extra_outputs["JobQueueTableName"] = queue.table
         cloud.extra_outputs["JobDispatcherArn"] = queue.dispatcher
+        # The wake of the batches' polls and its rules (stacks/supervisor_wake.py).
+        cloud.wake = queues.enter_context(
+            local_wake(
+                cloud, session, template, refs,
+                definition=definition(template, refs, construct=WAKE_CONSTRUCT),
+                # The group's termination hook (stacks/compute.py termination_hook_name).
+                hook=cloud.terminating.hook.name
+                if cloud.terminating is not None
+                else f"{cloud.cluster_name}-terminating",
+            )
+        )  # fmt: skip
         # A Capacity Block's drain (stacks/drain.py), where the template has one: started by
         # the caller, as its rules would at the drain time or on EC2's warning.
         if any(k.startswith("CapacityDrainStateMachine") for k in _resources(

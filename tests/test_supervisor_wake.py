@@ -1,0 +1,247 @@
+"""The wake of the supervisor's polls (stacks/supervisor_wake.py), rehearsed through the
+synthesized state machines: the batches' children park on the wake queue (moto's SQS), the wake
+state machine runs in moto's ASL interpreter, and EventBridge's rules are applied as the template
+has them to the events the stand-ins' changes make (scripts/rehearsal/wake.py).
+
+With PollSeconds 600 a job's invocations ending, a rank that crashes and a node that dies are
+acted on within seconds; with the rules' delivery off (no wake) the same waits run out, as the
+polls then wait their full PollSeconds. The history events a timed poll and a woken poll write
+are counted in a child's real history against stacks/supervisor_limits.py, and a child woken
+more than WAKE_BUDGET times falls back to the plain Wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
+from scripts.rehearsal.job_queue import matches
+from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
+from scripts.rehearsal.wake import invocation_event, terminate_event
+from stacks.supervisor_limits import EVENTS_PER_POLL, EVENTS_PER_WAKE, WAKE_BUDGET
+from stacks.supervisor_wake import INVOCATION_ENDED, WAKE_ROUNDS
+from tests.cdk_support import Synth
+from tests.test_supervisor import Supervisor, _name, default
+from tests.test_supervisor_faults import ended
+
+__all__ = ["default"]  # the default cluster's synth, a fixture of test_supervisor
+
+#: A long poll: without a wake nothing happens for ten minutes.
+SLOW = {"PollSeconds": 600, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
+#: What "within seconds" allows on 2 shared cores: an upper bound only, far below PollSeconds.
+PROMPT = 90
+
+
+@contextlib.contextmanager
+def simulated(
+    tmp_path: Path, synthesized: Synth, nodes: int, *, wake: bool = True
+) -> Iterator[tuple[LocalCloud, SimulatedAgents, Supervisor]]:
+    """`nodes` simulated nodes and the synthesized state machines in moto, waits as long as
+    they are (no instant waits); `wake` False: the wake's rules deliver nothing."""
+    with (
+        LocalCloud(
+            SimulatedHosts(nodes),  # type: ignore[arg-type]
+            tmp_path,
+            cluster_name=synthesized.config.cluster_name,
+            instances=SimulatedInstances,
+        ) as cloud,
+        local_supervisor(cloud, synthesized.templates["operations"]) as arn,
+        map_run_histories() as map_runs,
+    ):
+        cloud.wake.enabled = wake
+        agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
+        agents.attach(cloud)
+        try:
+            yield cloud, agents, Supervisor(cloud, arn, map_runs)
+        finally:
+            agents.close()
+
+
+def _rules(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (machine,) = [
+        k
+        for k, v in template["Resources"].items()
+        if v["Type"] == "AWS::StepFunctions::StateMachine" and k.startswith("JobSupervisorWake")
+    ]
+    return {
+        k: v["Properties"]
+        for k, v in template["Resources"].items()
+        if v["Type"] == "AWS::Events::Rule"
+        and any(t.get("Arn") == {"Ref": machine} for t in v["Properties"]["Targets"])
+    }
+
+
+def test_the_rules_match_the_events_that_end_a_wait_and_no_others(default: Synth) -> None:
+    """The synthesized rules' patterns, applied to events shaped as the services send them
+    (EventBridge event examples for Systems Manager, Run Command; Amazon EC2 Auto Scaling event
+    reference, scale-in lifecycle action): an ended invocation of RunTraining or Preflight and
+    a node the group terminates start the wake; an invocation that starts, another document's
+    and another group's node do not."""
+    template = default.templates["operations"]
+    rules = list(_rules(template).values())
+    assert len(rules) == 2
+    documents = {
+        k: v for k, v in template["Resources"].items() if v["Type"] == "AWS::SSM::Document"
+    }
+    # The documents' names are CloudFormation's (the template names none): any will do.
+    refs = {k: f"deployed-{k}" for k in documents}
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, dict):
+            if set(value) == {"Ref"}:
+                return refs[value["Ref"]]
+            return {k: resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        return value
+
+    patterns = [resolve(r["EventPattern"]) for r in rules]
+    cluster = default.config.cluster_name
+
+    class _Instance:
+        instance_id = "i-0000000000000000a"
+
+    class _Invocation:
+        instance = _Instance()
+
+    class _Command:
+        command_id = "c0ffee00-0000-4000-8000-000000000000"
+        requested = __import__("datetime").datetime(2026, 11, 26)
+
+        def __init__(self, document: str) -> None:
+            self.document = document
+
+    def woken(event: dict[str, Any]) -> bool:
+        return any(matches(p, event) for p in patterns)
+
+    for document in ("RunTraining", "Preflight"):
+        command = _Command(refs[f"{document}Document"])
+        for status in INVOCATION_ENDED:
+            assert woken(invocation_event(command, _Invocation(), status, "us-east-1"))
+        assert not woken(invocation_event(command, _Invocation(), "InProgress", "us-east-1"))
+    stop = _Command(refs["StopTrainingDocument"])
+    assert not woken(invocation_event(stop, _Invocation(), "Success", "us-east-1"))
+    group = default.config.auto_scaling_group_name
+    assert woken(terminate_event(group, f"{cluster}-terminating", "i-1", "us-east-1"))
+    assert not woken(terminate_event("other", "hook", "i-1", "us-east-1"))
+
+
+def test_the_wake_reads_every_parked_child_of_the_largest_cluster() -> None:
+    """1,024 nodes are 21 batches, each a child parked with one message: three rounds of 10,
+    and one more for stale messages among them."""
+    assert WAKE_ROUNDS == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wake", [True, False], ids=["woken", "timed"])
+def test_a_crashed_rank_is_acted_on_within_seconds_at_a_600_s_poll(
+    tmp_path: Path, default: Synth, wake: bool
+) -> None:
+    """PollSeconds 600: preflight's invocations end and wake the poll, RunTraining starts;
+    one node's trainer crashes (its invocation Failed), the wake polls at once, the grace
+    passes, the rest is cancelled and the job (no retries) fails naming the node, all within
+    PROMPT seconds. Without the wake the preflight's first poll is ten minutes away: the same
+    wait runs out."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes, wake=wake) as (cloud, agents, supervisor):
+        execution = supervisor.start("crash", MaxRetries=0, **SLOW)
+        if not wake:
+            with pytest.raises(TimeoutError):
+                agents.wait_launched(nodes, PROMPT)
+            return
+        agents.wait_launched(nodes, PROMPT)
+        victim = cloud.running()[-1]
+        crashed = time.monotonic()
+        agents.fail(victim, 1)
+        assert ended(supervisor, execution, PROMPT) == "FAILED", supervisor.trace(execution)
+        seconds = time.monotonic() - crashed
+        cause = supervisor.describe(supervisor.chain(execution)[-1])["cause"]
+        assert f"{victim.instance_id}: RunTraining failed with status 1" in cause, cause
+        assert cloud.wake.delivered, "no event started the wake"
+        print(f"\ncrash to the job's end at PollSeconds 600: {seconds:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_dead_node_is_acted_on_within_seconds_at_a_600_s_poll(
+    tmp_path: Path, default: Synth
+) -> None:
+    """A node dies while RunTraining runs: its invocation never ends, but the group's
+    termination of it (the lifecycle action event) wakes the poll, which finds the node gone;
+    the grace passes and the job (no retries) fails naming the node, within PROMPT seconds at
+    PollSeconds 600."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        execution = supervisor.start("dead", MaxRetries=0, **SLOW)
+        agents.wait_launched(nodes, PROMPT)
+        victim = cloud.running()[-1]
+        died = time.monotonic()
+        agents.die(victim)
+        assert ended(supervisor, execution, PROMPT) == "FAILED", supervisor.trace(execution)
+        seconds = time.monotonic() - died
+        cause = supervisor.describe(supervisor.chain(execution)[-1])["cause"]
+        assert f"{victim.instance_id}: node gone" in cause, cause
+        kinds = {e["detail-type"] for e in cloud.wake.delivered}
+        assert "EC2 Instance-terminate Lifecycle Action" in kinds, kinds
+        print(f"\ndeath to the job's end at PollSeconds 600: {seconds:.1f} s")
+
+
+def _polls(events: list[dict[str, Any]], document: str) -> list[list[dict[str, Any]]]:
+    """A child's history cut at each entry of <Document>Wait: one slice per poll."""
+    starts = [i for i, e in enumerate(events) if _name(e) == f"{document}Wait"
+              and e["type"].endswith("StateEntered")]  # fmt: skip
+    return [events[a:b] for a, b in itertools.pairwise(starts)]
+
+
+@pytest.mark.slow
+def test_polls_and_wakes_write_what_the_history_budget_assumes(
+    tmp_path: Path, default: Synth
+) -> None:
+    """A running RunTraining's child, woken again and again (the wake started by hand, as a
+    herd of events would): each woken poll writes EVENTS_PER_WAKE events, each timed one
+    EVENTS_PER_POLL (PollSeconds 2 here), and after WAKE_BUDGET wakes the child waits
+    PollSeconds between polls, however often the wake runs."""
+    nodes = default.config.node_count
+    settings = {**SLOW, "PollSeconds": 2}
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        execution = supervisor.start("herd", MaxRetries=0, **settings)
+        agents.wait_launched(nodes, PROMPT)
+        client = cloud.session().client("stepfunctions")
+        wake = cloud.wake.machine
+
+        def child() -> list[dict[str, Any]]:
+            (events,) = supervisor.child_events("RunTraining")
+            return events
+
+        time.sleep(5)  # a timed poll or two first
+        for n in range(WAKE_BUDGET + 3):
+            before = len(child())
+            client.start_execution(stateMachineArn=wake, name=f"wake-{n}", input="{}")
+            deadline = time.monotonic() + 30
+            while len(child()) == before:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.3)
+        agents.finish()
+        assert ended(supervisor, execution, PROMPT) == "SUCCEEDED", supervisor.trace(execution)
+        polls = _polls(child(), "RunTraining")
+        woken = [p for p in polls if any(_name(e) == "RunTrainingWoken" for e in p)]
+        plain = [p for p in polls if any(_name(e) == "RunTrainingWaitPlain" for e in p)]
+        timed = [p for p in polls if p not in woken and p not in plain]
+        assert len(woken) == WAKE_BUDGET, (len(woken), len(polls))
+        assert {len(p) for p in woken} == {EVENTS_PER_WAKE}, [
+            [e["type"] for e in p] for p in woken[:1]
+        ]
+        assert timed and {len(p) for p in timed} == {EVENTS_PER_POLL}, [
+            [str(e["type"]) for e in p] for p in timed[:1]
+        ]
+        assert plain and max(len(p) for p in plain) <= EVENTS_PER_POLL
+        print(json.dumps({"woken": len(woken), "timed": len(timed), "plain": len(plain)}))
