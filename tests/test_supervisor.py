@@ -495,7 +495,7 @@ class Supervisor:
     def __init__(self, cloud: Any, arn: str, map_runs: list[Any]) -> None:
         self.cloud = cloud
         self.arn = arn
-        self.client = cloud.session().client("stepfunctions")
+        self.client = cloud.client("stepfunctions")
         #: moto's event managers of the Distributed Maps' runs, in the order they started.
         self.map_runs = map_runs
 

@@ -171,7 +171,7 @@ def test_more_healthy_nodes_than_the_job_needs_run_it_on_node_count_of_them(
 def send_stops(cloud: LocalCloud, job_ids: list[str]) -> None:
     """StopTraining for each of `job_ids` in turn, on every node (as `cluster.py stop` sends it,
     scripts/cluster_lib/node_operations.py), through the stand-in's SSM."""
-    ssm = cloud.session().client("ssm")
+    ssm = cloud.client("ssm")
     nodes = [i.instance_id for i in cloud.running()]
     for job_id in job_ids:
         ssm.send_command(

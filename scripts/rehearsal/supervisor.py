@@ -413,12 +413,22 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     region = cloud.region
     original = aws_sdk.boto_client_for
     session = cloud.session()
+    # One client per service and region for every SDK task of every execution (moto asks for
+    # one per task; clients are thread safe, making them is not, nor cheap).
+    made: dict[tuple[str, str], Any] = {}
 
     @one_at_a_time
     def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
-        if service == "stepfunctions":
-            return SfnAsSdkIntegration(original(region, service, state_credentials))
-        return session.client(service, region_name=region)
+        # state_credentials: the execution's role (moto passes it always); the stand-in's
+        # clients answer every caller alike, as before.
+        if (region, service) not in made:
+            if service == "stepfunctions":
+                made[region, service] = SfnAsSdkIntegration(
+                    original(region, service, state_credentials)
+                )
+            else:
+                made[region, service] = session.client(service, region_name=region)
+        return made[region, service]
 
     refs = stand_in_refs(template, cloud, region)
     parsed = definition(template, refs)
