@@ -174,6 +174,9 @@ class LocalCloud:
         self.data_bucket = f"{cluster_name}-data"
         self.s3 = S3StandIn(self.data_bucket, self.output / "data")
         self._services: dict[str, object] = {"ssm": self.ssm, "logs": self.logs, "s3": self.s3}
+        #: CloudWatch GetMetricData, once the job supervisor runs (supervisor.py: it needs the
+        #: operations stack's metric filters).
+        self.metrics: Any = None
 
     def close(self) -> None:
         if self.terminating is not None:
