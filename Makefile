@@ -17,6 +17,9 @@ export PATH := $(BIN):$(PATH)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
+# What a fresh .venv needs on disk: torch 2.9.0's Linux x86_64 wheel on PyPI brings NVIDIA's CUDA
+# libraries (about 8.5 GiB installed), and pip unpacks each wheel before it installs it.
+SETUP_GIB ?= 10
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
 # pytest-xdist: one worker per CPU, at most 4 (tests/conftest.py); the stack tests share one.
@@ -35,6 +38,7 @@ $(BIN)/python:
 # The project itself goes in editable (pyproject.toml): `trainium-cluster` on .venv/bin. No build
 # isolation: setuptools and wheel (requirements-dev.txt) are in .venv already.
 $(STAMP): requirements.txt requirements-dev.txt workload/requirements.txt pyproject.toml package.json package-lock.json | $(BIN)/python
+	ls -d $(VENV)/lib/python3*/site-packages/torch >/dev/null 2>&1 || $(PYTHON) scripts/disk_space.py $(CURDIR) $(SETUP_GIB)
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	npm ci --no-audit --no-fund --loglevel=error

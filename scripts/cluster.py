@@ -178,6 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
         "supervisor cancels the attempt (default: 300)",
     )  # fmt: skip
     train.add_argument(
+        "--hang-minutes", type=int, default=30,
+        help="minutes without a progress line (docs/job-contract.md) after which the "
+        "supervisor ends the attempt as hung and retries it from the last checkpoint "
+        "(default: 30)",
+    )  # fmt: skip
+    train.add_argument(
+        "--compile-hang-minutes", type=int, default=180,
+        help="the same while the job compiles: before its first progress line, and after a "
+        "compiling line (default: 180)",
+    )  # fmt: skip
+    train.add_argument(
         "--detach", action="store_true",
         help="start the job and return at once (Ctrl-C while following detaches too)",
     )  # fmt: skip
@@ -588,6 +599,8 @@ def cmd_train(cluster: Cluster, args: argparse.Namespace, train_args: list[str])
         options={
             "PollSeconds": poll,
             "FailureGraceSeconds": args.failure_grace,
+            "HangSeconds": 60 * args.hang_minutes,
+            "CompileHangSeconds": 60 * args.compile_hang_minutes,
             "NoRetryStatuses": no_retry_statuses(args.no_retry_on, args.retry_on),
             "Resume": "resume" if args.resume else "new",
         },

@@ -66,6 +66,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from stacks.supervisor_limits import (
+    PROGRESS_READ_SECONDS,
     SEND_BATCH,
     TAGGED_PER_NODE,
     batches,
@@ -91,6 +92,10 @@ NODE_WAIT_STATES, TAG_PAGE_STATES, READ_CHILD_STATES = 9, 4, 4
 #: Per child per poll of a command: <Doc>Wait, <Doc>WaitForWake (its SendMessage to the wake
 #: queue: stacks/supervisor_wake.py), <Doc>Poll, <Doc>Nodes, <Doc>NodesAlive, <Doc>Ended.
 POLL_STATES = 6
+#: The most one read of the job's progress adds, in the first RunTraining batch
+#: (stacks/supervisor_progress.py): ReadProgress, ProgressSeen, ProgressMade, ProgressPhase,
+#: Progressed (or ProgressedCompiling). A read happens at most once per ProgressReadSeconds.
+PROGRESS_STATES = 5
 #: The most states one invocation's classification enters (PreflightClassify, PreflightPlugin,
 #: PreflightByCode, PreflightMarkUnhealthy, PreflightReplaced; RunTraining's: its Classify,
 #: Plugin, StatusNamed, ByCode, and for an input error InputError and InputErrorSaid);
@@ -160,6 +165,11 @@ _CWL = (
 _CWL_NOTE = (
     "the figure of awsdocs/amazon-cloudwatch-logs-user-guide doc_source/cloudwatch_limits_cwl.md; "
     "the current page may allow more (not confirmed)"
+)
+_CW = (
+    "Amazon CloudWatch user guide, CloudWatch service quotas (GetMetricData: 50 TPS per Region "
+    "for operations without Metrics Insights queries, adjustable in Service Quotas)",
+    "https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/cloudwatch_limits.html",
 )
 _CFN = (
     "AWS CloudFormation user guide, quotas (no API request rate found)",
@@ -233,6 +243,13 @@ QUOTAS: dict[str, Quota] = {
     "logs:FilterLogEvents": Quota(5, *_CWL, note=_CWL_NOTE),
     "logs:DescribeLogStreams": Quota(5, *_CWL, note=_CWL_NOTE),
     "cloudformation:DescribeStacks": _unconfirmed(_CFN),
+    "cloudwatch:GetMetricData": Quota(
+        50,
+        *_CW,
+        note="the figure of awsdocs/amazon-cloudwatch-user-guide "
+        "doc_source/cloudwatch_limits.md; 10 TPS for a Metrics Insights query, which the "
+        "supervisor does not send",
+    ),
     "dynamodb:UpdateItem": Quota(
         1000, *_DDB, note="1,000 write request units a second per partition; the slot is one item"
     ),
@@ -280,14 +297,17 @@ def attempt_start(node_count: int) -> Counter[str]:
 
 def command_poll(node_count: int) -> Counter[str]:
     """One poll of a running command: ListCommands and DescribeAutoScalingInstances in each
-    batch's child execution, and the wait before it, a message to the wake queue."""
+    batch's child execution, the wait before it, a message to the wake queue, and at most one
+    read of the job's progress, by the first batch's child (RunTraining:
+    stacks/supervisor_progress.py), whatever the node count."""
     n = batches(node_count)
     return Counter(
         {
             "ssm:ListCommands": n,
             "autoscaling:DescribeAutoScalingInstances": n,
             "sqs:SendMessage": n,
-            TRANSITIONS: POLL_STATES * n,
+            "cloudwatch:GetMetricData": 1,
+            TRANSITIONS: POLL_STATES * n + PROGRESS_STATES,
         }
     )
 
@@ -362,9 +382,15 @@ def steady_minute(
     node_count: int, poll_seconds: float, *, waiting: bool = False
 ) -> dict[str, float]:
     """Calls per minute while a command runs (or, `waiting`, while the nodes are waited for):
-    one loop's calls x 60 / PollSeconds."""
+    one loop's calls x 60 / PollSeconds; the progress read's x 60 / the larger of PollSeconds
+    and PROGRESS_READ_SECONDS (its interval)."""
     per_poll = node_wait_round(node_count) if waiting else command_poll(node_count)
-    return {action: calls * 60 / poll_seconds for action, calls in per_poll.items()}
+    minute = {action: calls * 60 / poll_seconds for action, calls in per_poll.items()}
+    if not waiting:
+        reads = 60 / max(poll_seconds, PROGRESS_READ_SECONDS)
+        minute["cloudwatch:GetMetricData"] = reads
+        minute[TRANSITIONS] -= PROGRESS_STATES * (60 / poll_seconds - reads)
+    return minute
 
 
 # ------------------------------------------------------------------------------ the CLI

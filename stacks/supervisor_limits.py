@@ -17,10 +17,12 @@ its polls for nodes (MAX_NODE_WAITS of node_wait_events: a page of the group's i
 more for every TAG_PAGE of them), however often the commands are polled; no event per node
 (the group is read batch by batch in child executions, the host list is one state) and none
 per poll. A batch's child execution sends the command, polls it once per PollSeconds for up to
-LEG_SECONDS (EVENTS_PER_POLL each) and is woken early at most WAKE_BUDGET times
-(EVENTS_PER_WAKE each: stacks/supervisor_wake.py), and classifies its invocations (at most
-EVENTS_PER_NODE a node) with CHILD_OTHER_EVENTS around them: min_poll_seconds is what that
-child's history allows, the same from 50 nodes to 1,024 (stacks/config.py bounds node_count).
+LEG_SECONDS (EVENTS_PER_POLL each; the first batch of RunTraining also reads the job's
+progress, EVENTS_PER_PROGRESS_READ more at most once per PROGRESS_READ_SECONDS), is woken
+early at most WAKE_BUDGET times (EVENTS_PER_WAKE each: stacks/supervisor_wake.py), and
+classifies its invocations (at most EVENTS_PER_NODE a node) with CHILD_OTHER_EVENTS around
+them: min_poll_seconds is what that child's history allows, the same from 50 nodes to 1,024
+(stacks/config.py bounds node_count).
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ EVENTS_PER_WAKE = 24
 #: filling the child's history. A wake counts for no seconds of the leg, so the budget's
 #: events come off what the timed polls may write (poll_events).
 WAKE_BUDGET = 40
+#: What one read of the job's progress adds to a poll of RunTraining's first batch
+#: (stacks/supervisor_progress.py), at most: the ReadProgress Task (GetMetricData) 5,
+#: ProgressSeen, ProgressMade, ProgressPhase and ProgressedCompiling (or Progressed) 2 each;
+#: the read goes back to the poll's own <Document>Wait, which EVENTS_PER_POLL counts. A poll
+#: that reads nothing adds none (the read's condition is in the poll's own Choice). A woken
+#: poll adds no seconds to $.Alive.Waited, so it reads nothing more: the reads stay one per
+#: PROGRESS_READ_SECONDS of timed polls. tests/test_supervisor.py adds them up along the
+#: definition's loop.
+EVENTS_PER_PROGRESS_READ = 13
+#: The least time between two reads of the progress (ProgressReadSeconds by default): that
+#: batch's child reads at most once per PROGRESS_READ_SECONDS (or per poll, when PollSeconds is
+#: longer), so the reads cost the shortest PollSeconds little (min_poll_seconds), and a hang is
+#: noticed within HangSeconds plus one read interval plus one poll.
+PROGRESS_READ_SECONDS = 600
 #: One poll for a full set of nodes, in the job's execution, when the group's instance IDs fit
 #: one page: Wait 2, the ReadGroup Task 5, the ReadNodes Distributed Map 4 (entered, map run
 #: started and succeeded, exited: its batches are child executions of their own), six Pass or
@@ -89,6 +105,15 @@ LEG_SECONDS = 172_800
 POLL_LIMIT_MARGIN = 600
 #: The supervisor's poll of a running command when the execution input names none.
 DEFAULT_POLL_SECONDS = 300
+#: HangSeconds by default, in training (stacks/supervisor_progress.py): the reference trainer
+#: writes a line at every log step, evaluation and save (a few a minute), and a BERT-class save
+#: to host memory takes seconds; half an hour of silence is a hang, noticed well before a day's
+#: work is lost.
+DEFAULT_HANG_SECONDS = 1800
+#: CompileHangSeconds by default, while compiling: neuronx-cc compiles a large model's graphs for
+#: tens of minutes to hours on a cold cache (Neuron's persistent cache documentation;
+#: neuron_parallel_compile exists for it), and a trainer writes nothing until its first step.
+DEFAULT_COMPILE_HANG_SECONDS = 3 * 3600
 #: SendCommand takes at most 50 instance IDs (SSM API reference): one child execution each.
 SEND_BATCH = 50
 #: A batch's child reads its invocations with their output (Details) this many at a time and
@@ -133,9 +158,38 @@ def poll_events(node_count: int) -> int:
     )
 
 
-def min_poll_seconds(node_count: int, leg_seconds: int | None = None) -> int:
-    """The shortest PollSeconds at which one attempt of `leg_seconds` (LEG_SECONDS) on
-    `node_count` nodes stays within the history of each batch's child execution."""
-    polls = poll_events(node_count) / EVENTS_PER_POLL
+def progress_reads(seconds: float, poll_seconds: float, read_seconds: float) -> int:
+    """The most reads of the progress in `seconds` of polls: the first at the first poll, each
+    next one at least `read_seconds` (and one poll) after the last."""
+    return int(seconds // max(poll_seconds, read_seconds)) + 1
+
+
+def attempt_poll_events(
+    poll_seconds: int, leg_seconds: int | None = None, read_seconds: int = PROGRESS_READ_SECONDS
+) -> int:
+    """The most events the polls of one attempt of `leg_seconds` (LEG_SECONDS, and the poll's
+    own margin) write in RunTraining's first batch's child execution, which also reads the
+    job's progress (at most once per `read_seconds`: ProgressReadSeconds)."""
     leg = LEG_SECONDS if leg_seconds is None else leg_seconds
-    return math.ceil((leg + POLL_LIMIT_MARGIN) / polls)
+    seconds = leg + POLL_LIMIT_MARGIN
+    polls = math.ceil(seconds / poll_seconds)
+    reads = progress_reads(seconds, poll_seconds, read_seconds)
+    return polls * EVENTS_PER_POLL + reads * EVENTS_PER_PROGRESS_READ
+
+
+def min_poll_seconds(
+    node_count: int, leg_seconds: int | None = None, read_seconds: int = PROGRESS_READ_SECONDS
+) -> int:
+    """The shortest PollSeconds at which one attempt of `leg_seconds` (LEG_SECONDS) on
+    `node_count` nodes stays within the history of each batch's child execution: its polls
+    (EVENTS_PER_POLL each) and, in RunTraining's first batch, the reads of the job's progress
+    (EVENTS_PER_PROGRESS_READ each, at most one per `read_seconds`)."""
+    budget = poll_events(node_count)
+    low, high = 1, (LEG_SECONDS if leg_seconds is None else leg_seconds) + POLL_LIMIT_MARGIN
+    while low < high:  # the events fall as the polls grow apart: the first that fits
+        middle = (low + high) // 2
+        if attempt_poll_events(middle, leg_seconds, read_seconds) <= budget:
+            high = middle
+        else:
+            low = middle + 1
+    return low

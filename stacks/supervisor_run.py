@@ -46,6 +46,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from stacks.config import CLUSTER_TAG_KEY
 from stacks.supervisor_limits import POLL_LIMIT_MARGIN, SEND_BATCH
 from stacks.supervisor_outcomes import map_failed
+from stacks.supervisor_progress import hang_result, initial_progress, read_due, watch_progress
 from stacks.supervisor_results import read_and_classify
 from stacks.supervisor_tasks import SupervisorTasks
 from stacks.supervisor_wake import park
@@ -120,6 +121,10 @@ def run_on_every_node(
     send = _send(t, document, {"Hosts": hosts, **parameters}, comment)
     start, done = read_and_classify(t, document, _classify(t, document))
     _follow(t, document, send, start)
+    causes = _first_causes(t, document)
+    if document == "RunTraining":
+        # The batch whose progress reader ended the attempt (stacks/supervisor_progress.py).
+        done.when(sfn.Condition.is_present("$.Hang"), hang_result(t, document).next(causes))
     done.otherwise(
         sfn.Pass(
             t.scope,
@@ -130,7 +135,7 @@ def run_on_every_node(
                 # Ok and leg carry no cause; a wildcard leaves out what is absent.
                 "Causes": sfn.JsonPath.list_at("$.Sorted.Classes[*].Cause"),
             },
-        ).next(_first_causes(t, document))
+        ).next(causes)
     )
     batches = sfn.DistributedMap(
         t.scope,
@@ -149,6 +154,15 @@ def run_on_every_node(
             "Alive": {"Waited": 0, "Woken": 0},
             # When the nodes were ready: a command sent since then is this attempt's (_send).
             "Since": sfn.JsonPath.string_at("$.Nodes.Since"),
+            # RunTraining: which batch (the first reads the job's progress) and what it saw.
+            **(
+                {
+                    "Batch": sfn.JsonPath.number_at("$$.Map.Item.Index"),
+                    "Progress": initial_progress(),
+                }
+                if document == "RunTraining"
+                else {}
+            ),
         },
         result_selector={
             "CommandIds": sfn.JsonPath.list_at("$[*].CommandId"),
@@ -387,7 +401,13 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
             sfn.Condition.is_present("$.Grace"), sfn.Condition.or_(node_ended, node_gone)
         ),
         cancel,
-    ).when(node_gone, gone).when(node_ended, grace).otherwise(wait)
+    ).when(node_gone, gone).when(node_ended, grace)
+    if document == "RunTraining":
+        # Nothing else happened at this poll: the first batch reads the job's progress when a
+        # read is due, and ends the attempt as after a node that ended when there is none by
+        # the deadline. Either way it goes back to the wait (a callback on the wake queue).
+        ended.when(read_due(), watch_progress(t, p, wait, cancel))
+    ended.otherwise(wait)
     send.next(wait)
     poll.next(nodes).next(alive).next(ended)
     _find_sent(t, document, send).next(wait)

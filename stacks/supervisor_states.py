@@ -18,7 +18,13 @@ from typing import Any
 from aws_cdk import aws_stepfunctions as sfn
 
 from stacks.supervisor_group import read_batches, read_tags
-from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, SEND_BATCH
+from stacks.supervisor_limits import (
+    DEFAULT_COMPILE_HANG_SECONDS,
+    DEFAULT_HANG_SECONDS,
+    DEFAULT_POLL_SECONDS,
+    PROGRESS_READ_SECONDS,
+    SEND_BATCH,
+)
 from stacks.supervisor_outcomes import OutcomeStates, map_failed
 from stacks.supervisor_run import Run, from_job, run_on_every_node
 from stacks.supervisor_tasks import choice, fail, pass_state, time_parts, wait
@@ -42,6 +48,13 @@ JOB_DEFAULTS: dict[str, Any] = {
     # How long the other nodes may run on after one node's invocation ended before the rest of
     # the attempt is cancelled (a data-parallel job cannot go on without a rank).
     "FailureGraceSeconds": 300,
+    # How long RunTraining may go without a progress line before the attempt ends and is
+    # retried: in training, and while compiling (stacks/supervisor_progress.py says why).
+    "HangSeconds": DEFAULT_HANG_SECONDS,
+    "CompileHangSeconds": DEFAULT_COMPILE_HANG_SECONDS,
+    # The least time between two reads of the job's progress (the history budget counts them:
+    # stacks/supervisor_limits.py min_poll_seconds).
+    "ProgressReadSeconds": PROGRESS_READ_SECONDS,
     # RunTraining statuses that end the job without a retry: 2, the contract's input error
     # (launch.sh passes on a trainer's status 2 to 127 but 75); `train --no-retry-on` and
     # `--retry-on` change the list (INPUT_ERROR_STATUS in stacks/supervisor_run.py).

@@ -19,6 +19,7 @@ from stacks import api_rates as rates
 from stacks import supervisor_group
 from stacks.supervisor_limits import (
     DEFAULT_POLL_SECONDS,
+    PROGRESS_READ_SECONDS,
     SEND_BATCH,
     invocation_pages,
     min_poll_seconds,
@@ -75,19 +76,21 @@ MIN_POLL = {n: min_poll_seconds(n) for n in (64, 256, 1024)}
 
 def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
     """Every batch's child polls in the same second (the Distributed Maps start them together),
-    so a worst minute holds one poll of every batch whatever PollSeconds is (163 s and more):
+    so a worst minute holds one poll of every batch whatever PollSeconds is (194 s and more):
     the figures are the same at the minimum and the default."""
     expected = {
         64: {"ssm:SendCommand": 2, "ssm:ListCommands": 3, "ec2:DescribeTags": 1,
              "autoscaling:DescribeAutoScalingInstances": 5, "ec2:DescribeNetworkInterfaces": 3,
-             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 480, "sqs:SendMessage": 2},
+             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 485, "sqs:SendMessage": 2,
+             "cloudwatch:GetMetricData": 1},
         256: {"ssm:SendCommand": 6, "ssm:ListCommands": 7, "ec2:DescribeTags": 2,
               "autoscaling:DescribeAutoScalingInstances": 17, "ec2:DescribeNetworkInterfaces": 11,
-              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1768, "sqs:SendMessage": 6},
+              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1773, "sqs:SendMessage": 6,
+              "cloudwatch:GetMetricData": 1},
         1024: {"ssm:SendCommand": 21, "ssm:ListCommands": 22, "ec2:DescribeTags": 5,
                "autoscaling:DescribeAutoScalingInstances": 62, "ec2:DescribeNetworkInterfaces": 41,
-               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 6883,
-               "sqs:SendMessage": 21},
+               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 6888,
+               "sqs:SendMessage": 21, "cloudwatch:GetMetricData": 1},
     }  # fmt: skip
     for nodes, figures in expected.items():
         for poll in (MIN_POLL[nodes], DEFAULT_POLL_SECONDS):
@@ -108,12 +111,20 @@ def test_the_steady_minute_falls_with_poll_seconds() -> None:
         for p in (MIN_POLL[n], DEFAULT_POLL_SECONDS)
     }
     assert steady == {
-        (64, 168): 0.71, (64, 300): 0.4, (256, 168): 2.14, (256, 300): 1.2,
-        (1024, 168): 7.5, (1024, 300): 4.2,
+        (64, 201): 0.6, (64, 300): 0.4, (256, 201): 1.79, (256, 300): 1.2,
+        (1024, 201): 6.27, (1024, 300): 4.2,
     }, steady  # fmt: skip
+    # The job's progress: one GetMetricData per ProgressReadSeconds (600 s) or per poll,
+    # whichever is longer, whatever the node count (the first batch's reader,
+    # stacks/supervisor_progress.py), against CloudWatch's 50 a second.
+    for poll in (MIN_POLL[1024], DEFAULT_POLL_SECONDS, 900):
+        read = rates.steady_minute(1024, poll)["cloudwatch:GetMetricData"]
+        assert read == 60 / max(poll, PROGRESS_READ_SECONDS), (poll, read)
+    assert PROGRESS_READ_SECONDS == 600
+    assert rates.QUOTAS["cloudwatch:GetMetricData"].per_minute == 3000
     waiting = rates.steady_minute(1024, MIN_POLL[1024], waiting=True)
-    assert round(waiting["ec2:DescribeNetworkInterfaces"], 2) == 14.64
-    assert round(waiting["ec2:DescribeTags"], 2) == 1.79
+    assert round(waiting["ec2:DescribeNetworkInterfaces"], 2) == 12.24
+    assert round(waiting["ec2:DescribeTags"], 2) == 1.49
 
 
 def test_at_1024_nodes_and_the_shortest_poll_the_supervisor_keeps_to_every_documented_rate() -> (

@@ -304,6 +304,14 @@ def test_cli_rejects_train_args_for_commands_that_take_none() -> None:
         (["train", "--check-every", "0"], "--check-every 0 is not allowed: use 1 to 3600"),
         (["train", "--check-every", "3601"], "--check-every 3601 is not allowed: use 1 to 3600"),
         (["train", "--failure-grace", "-1"], "--failure-grace -1 is not allowed: use 0 to 86400"),
+        (
+            ["train", "--hang-minutes", "0"],
+            "--hang-minutes 0 is not allowed: use 1 to 2880 (a leg lasts 48 hours)",
+        ),
+        (
+            ["train", "--compile-hang-minutes", "2881"],
+            "--compile-hang-minutes 2881 is not allowed: use 1 to 2880 (a leg lasts 48 hours)",
+        ),
         (["jobs", "--limit", "0"], "--limit 0 is not allowed: use 1 to 1000"),
     ],
 )

@@ -64,7 +64,7 @@ def _drain_rules(synthesized: Synth) -> dict[str, dict[str, Any]]:
 
 def in_service(cloud: Any) -> list[str]:
     """The group's InService nodes as the supervisor reads them (DescribeAutoScalingInstances)."""
-    autoscaling = cloud.session().client("autoscaling")
+    autoscaling = cloud.client("autoscaling")
     return sorted(
         i["InstanceId"]
         for i in autoscaling.describe_auto_scaling_instances()["AutoScalingInstances"]
@@ -162,7 +162,7 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
         assert checkpoints(tmp_path / "jobs" / job) == []  # the drain's save is the only one
         nodes = sorted(i.instance_id for i in cloud.running())
 
-        sfn = cloud.session().client("stepfunctions")
+        sfn = cloud.client("stepfunctions")
         drain = sfn.start_execution(
             stateMachineArn=cloud.stack_outputs()["DrainStateMachineArn"],
             name="drain-time",
@@ -209,7 +209,7 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
         # the hook, as termination_watch.sh does.
         assert cloud.desired == 0 and in_service(cloud) == []
         assert sorted(i.instance_id for i in cloud.running()) == nodes
-        autoscaling = cloud.session().client("autoscaling")
+        autoscaling = cloud.client("autoscaling")
         for node in nodes:
             autoscaling.complete_lifecycle_action(
                 LifecycleHookName=hook.name, AutoScalingGroupName=cloud.group_name,
@@ -217,7 +217,7 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
             )  # fmt: skip
         assert cloud.running() == []
         # The job left the cluster: the queue's slot is free for the next window's job.
-        dynamodb = cloud.session().client("dynamodb")
+        dynamodb = cloud.client("dynamodb")
         table = cloud.stack_outputs()["JobQueueTableName"]
         wait_for(
             "the queue's slot freed",
@@ -281,7 +281,7 @@ def test_a_job_queued_behind_the_drained_one_waits_for_the_next_windows_nodes(
             train.run()
             assert train.code == 0, capfd.readouterr()
         held(tmp_path, first, 5, 400, capfd.readouterr)
-        sfn = cloud.session().client("stepfunctions")
+        sfn = cloud.client("stepfunctions")
 
         def execution_of(job: str) -> list[dict[str, Any]]:
             return [

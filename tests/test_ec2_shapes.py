@@ -126,7 +126,7 @@ def test_every_stand_in_answer_is_checked_against_botocores_output_shape() -> No
     cloud.cluster_name, cloud.instances = "trainium", _Nodes(2)  # type: ignore[assignment]
     cloud.calls, cloud.call_times, cloud._services = [], [], {}
     cloud._lock = threading.Lock()
-    client = cloud.session().client("ec2")
+    client = cloud.client("ec2")
     ids = [i.instance_id for i in cloud.instances.instances]
     found = client.describe_network_interfaces(Filters=address_filters(ids))
     assert len(found["NetworkInterfaces"]) == 2

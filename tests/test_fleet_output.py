@@ -27,7 +27,7 @@ def test_a_simulated_invocation_ends_with_the_most_output_the_agent_keeps(tmp_pa
         agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
         try:
             agents.attach(cloud)
-            ssm = cloud.session().client("ssm")
+            ssm = cloud.client("ssm")
             ids = [i.instance_id for i in cloud.running()]
             command = ssm.send_command(
                 DocumentName="rehearsal-StopTraining", InstanceIds=ids,

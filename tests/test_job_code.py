@@ -101,7 +101,7 @@ def test_train_runs_a_code_directory_snapshot_on_every_node(
         stand_in(tmp_path / "cluster", cluster_name=cluster_name) as cloud,
         local_supervisor(cloud, template),
     ):
-        s3 = cloud.session().client("s3")
+        s3 = cloud.client("s3")
         s3.put_object(Bucket=cloud.data_bucket, Key="lines/lines.txt", Body=b"one\ntwo\n")
         uploaded = tmp_path / "cluster" / "data" / expected.key
 

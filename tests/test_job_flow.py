@@ -58,7 +58,7 @@ def test_two_queued_jobs_the_first_resumed_after_a_kill_the_second_with_its_own_
         stand_in(output, cluster_name=cluster_name, node_settings=HOLD_AT_5) as cloud,
         local_supervisor(cloud, template),
     ):
-        cloud.session().client("s3").put_object(
+        cloud.client("s3").put_object(
             Bucket=cloud.data_bucket, Key="lines/lines.txt", Body=b"one\ntwo\n"
         )
         instances = sorted(i.instance_id for i in cloud.running())
@@ -95,7 +95,7 @@ def test_two_queued_jobs_the_first_resumed_after_a_kill_the_second_with_its_own_
         )
         captured = capfd.readouterr()
         context = captured.out + captured.err
-        client = cloud.session().client("stepfunctions")
+        client = cloud.client("stepfunctions")
         machine = cloud.stack_outputs()["JobStateMachineArn"]
         listed = sorted(
             client.list_executions(stateMachineArn=machine)["executions"],

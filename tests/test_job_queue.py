@@ -231,7 +231,7 @@ def test_two_jobs_queued_back_to_back_train_one_after_the_other_on_the_nodes(
             900,
             capfd.readouterr,
         )
-        client = cloud.session().client("stepfunctions")
+        client = cloud.client("stepfunctions")
         machine = cloud.stack_outputs()["JobStateMachineArn"]
         listed = sorted(
             client.list_executions(stateMachineArn=machine)["executions"],

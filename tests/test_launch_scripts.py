@@ -589,6 +589,43 @@ def test_launch_stops_the_workers_a_killed_torchrun_left(node: FakeNode) -> None
         end_job(job, launch)
 
 
+@pytest.mark.slow
+def test_a_leg_end_that_comes_after_torchrun_ended_does_not_end_launch(node: FakeNode) -> None:
+    """The leg timer, or end_leg's recheck (`sleep 2 && kill -USR1 $$`), can fire just as
+    torchrun ends. Past its wait launch.sh has nothing more to do for a leg's end, and must not
+    die of the signal either (bash, which has an EXIT trap, ends on a signal it does not trap,
+    with 128 + its number): that would leave the workers a killed torchrun left running and
+    report 138 to the agent. The USR1 comes here while launch.sh stops those workers (each
+    saves for 5 s on its SIGTERM)."""
+    job = unique_job_id("lateusr1")
+    env = {**real_torchrun(node), "WORKER_SAVE_SECONDS": "5"}
+    output_path = node.root / "launch.out"
+    with output_path.open("w") as output_file:
+        launch = subprocess.Popen(
+            ["bash", str(NODE / "launch.sh"), "--hosts", node.loopback, "--job-id", job,
+             "--nproc-per-node", "2", "--master-port", str(free_port()), "--time-limit", "600",
+             "--stop-grace", "60", "--code-dir", str(node.code)],
+            env=node.env(**env), stdout=output_file, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: len(worker_pids(node)) == 2, 60, "two torchrun workers")
+        workers = worker_pids(node)
+        (torchrun,) = [pid for pid in job_processes(job) if pid not in workers and
+                       "torchrun" in Path(f"/proc/{pid}/cmdline").read_text()]  # fmt: skip
+        os.kill(torchrun, signal.SIGKILL)
+        # Past its wait: stopping the workers torchrun left, which are still saving.
+        wait_for(lambda: "sending SIGTERM to 2 worker" in output_path.read_text(), 60,
+                 "launch.sh stopping the leftover workers")  # fmt: skip
+        assert launch.poll() is None and any(alive(pid) for pid in workers)
+        os.kill(launch.pid, signal.SIGUSR1)
+        assert launch.wait(timeout=120) == 1, output_path.read_text()
+        output = output_path.read_text()
+        assert "stopped the processes torchrun left running (it ended with status 137)" in output
+        assert not [pid for pid in workers if alive(pid)], "launch.sh exited before its workers"
+    finally:
+        end_job(job, launch)
+
+
 # A trainer that needs as many descriptors as a gloo group over a world of 40 trn1.32xlarge
 # nodes would take (1,280 ranks): it measures what a gloo group costs per peer (a group over
 # this job's world less a group of one, which has no peer), holds that many descriptors for

@@ -274,7 +274,7 @@ def execution_status(cloud: Any, job: str) -> list[str]:
     """The statuses of the job's executions, newest first."""
     from scripts.cluster_lib.executions import job_of
 
-    client = cloud.session().client("stepfunctions")
+    client = cloud.client("stepfunctions")
     arn = cloud.stack_outputs()["JobStateMachineArn"]
     return [
         e["status"]
@@ -417,7 +417,7 @@ def test_stop_ends_the_supervisor_and_every_process_and_logs_follow_ends(
         assert follow.code == 0, captured.err
         assert f"job {job}: stopped execution {job}-" in captured.out
         assert "[launch " in captured.out  # logs printed the nodes' launch.sh output
-        client = cloud.session().client("stepfunctions")
+        client = cloud.client("stepfunctions")
         machine = cloud.stack_outputs()["JobStateMachineArn"]
         (execution,) = client.list_executions(stateMachineArn=machine)["executions"]
         described = client.describe_execution(executionArn=execution["executionArn"])

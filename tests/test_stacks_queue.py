@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -441,3 +443,55 @@ def test_a_slot_whose_job_ended_unheard_is_freed_by_the_next_dispatcher(default:
         cluster.settled()
         assert cluster.started() == ["q7-first", "q7-second"]
         assert [q.job_id for q in cluster.queue.queued()] == ["q7-third"]
+
+
+class _SlowStartClient:
+    """Step Functions as RuleEmulator sees it: one supervisor execution that ended, and a
+    StartExecution of the dispatcher that returns only when the test says (a start as slow as
+    a loaded machine makes it); the dispatcher's executions end at once."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.dispatchers: list[str] = []
+
+    def client(self, service: str, region_name: str) -> _SlowStartClient:
+        return self
+
+    def list_executions(self, stateMachineArn: str, statusFilter: str | None = None) -> Any:
+        if stateMachineArn == "supervisor":
+            return {"executions": [{"executionArn": "first", "status": "FAILED"}]}
+        return {"executions": []}  # no dispatcher runs: each ends at once
+
+    def describe_execution(self, executionArn: str) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        return {"executionArn": executionArn, "stateMachineArn": "supervisor", "name": "first",
+                "status": "FAILED", "startDate": now, "stopDate": now}  # fmt: skip
+
+    def start_execution(self, stateMachineArn: str, name: str, input: str) -> dict[str, Any]:
+        self.entered.set()
+        assert self.release.wait(120)
+        self.dispatchers.append(name)
+        return {"executionArn": name}
+
+
+def test_the_rule_has_delivered_an_event_only_once_its_dispatcher_started() -> None:
+    """settled() waits for events, not for a pause: a supervisor execution that ended counts as
+    delivered once the dispatcher execution its event starts exists, however long that start
+    takes (here until the test releases it). Before, it counted from the moment the rule saw it,
+    and a start slower than settled()'s 0.3-s second look on a loaded machine let a test read
+    the queue before the dispatcher had started the next job."""
+    from scripts.rehearsal.job_queue import RuleEmulator
+
+    client = _SlowStartClient()
+    rule = RuleEmulator(client, "us-east-1", {"source": ["aws.states"]}, "supervisor", "dispatcher")
+    delivering = threading.Thread(target=rule.deliver, args=(client,), daemon=True)
+    delivering.start()
+    assert client.entered.wait(60)
+    settling = threading.Thread(target=rule.settled, kwargs={"timeout": 120}, daemon=True)
+    settling.start()
+    settling.join(2)  # far longer than settled()'s second look: it must still wait
+    assert settling.is_alive(), "settled() returned while the dispatcher's start was under way"
+    client.release.set()
+    delivering.join(60)
+    settling.join(60)
+    assert not settling.is_alive() and client.dispatchers == [rule.delivered[0]["id"]]

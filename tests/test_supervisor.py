@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import shutil
 import subprocess
 import time
@@ -42,12 +43,15 @@ from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
     EVENTS_PER_NODE_WAIT,
     EVENTS_PER_POLL,
+    EVENTS_PER_PROGRESS_READ,
     EVENTS_PER_TAG_PAGE,
+    EVENTS_PER_WAKE,
     HISTORY_EVENTS,
     LEG_SECONDS,
     MAX_NODE_WAITS,
     OTHER_EVENTS,
     POLL_LIMIT_MARGIN,
+    PROGRESS_READ_SECONDS,
     SEND_BATCH,
     job_events,
     min_poll_seconds,
@@ -97,6 +101,7 @@ SDK_ACTIONS = {
     # Not an AWS SDK integration: the optimized SQS one with a task token, the polls' wait on
     # the wake queue (stacks/supervisor_wake.py).
     "arn:aws:states:::sqs:sendMessage.waitForTaskToken": "sqs:SendMessage",
+    "arn:aws:states:::aws-sdk:cloudwatch:getMetricData": "cloudwatch:GetMetricData",
 }
 #: What a Distributed Map needs for its child executions (aws-cdk-lib's DistributedMap adds
 #: them, with states:StartExecution on the state machine; Step Functions developer guide, IAM
@@ -348,6 +353,33 @@ def test_a_failure_outranks_a_leg_end_and_a_mixed_fleet_outranks_both(default: S
     assert passed["Default"] == "NewOrResumed"
 
 
+def reader_ways(
+    definition: dict[str, Any], start: str, end: str, leave: str
+) -> dict[tuple[str, ...], int]:
+    """Every way from `start` to `end` through the definition's Next, Choices and Default
+    (none loops before `end`), with the history events it writes: a Task state 5, any other
+    2 (Step Functions, history event types). The ways through `leave` (the state that ends
+    the attempt) are not counted: they happen once."""
+    found = dict(states(definition))
+    ways: dict[tuple[str, ...], int] = {}
+
+    def walk(name: str, way: tuple[str, ...], total: int) -> None:
+        if name == end:
+            ways[way] = total
+            return
+        state = found[name]
+        assert name not in way, way
+        way, total = (*way, name), total + (5 if state["Type"] == "Task" else 2)
+        targets = [c["Next"] for c in state.get("Choices", [])]
+        targets += [state[k] for k in ("Next", "Default") if k in state]
+        for target in dict.fromkeys(targets):
+            if target != leave:
+                walk(target, way, total)
+
+    walk(start, (), 0)
+    return ways
+
+
 def loop_events(definition: dict[str, Any], start: str) -> int:
     """The history events one round of the loop from `start` back to it writes, following
     each state's Next (a Choice's Default): a Task state writes 5 (entered, scheduled,
@@ -444,6 +476,20 @@ def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) ->
     definition = machine_definition(template, placeholder_refs(template))
     for document in ("RunTraining", "Preflight"):
         assert timed_poll_events(definition, document) == EVENTS_PER_POLL
+    # RunTraining's first batch reads the job's progress at a poll where nothing else
+    # happened and a read is due (stacks/supervisor_progress.py): every way from the read back
+    # to the poll's Wait (the wait-or-wake Choice) costs at most EVENTS_PER_PROGRESS_READ, the
+    # longest (a compiling minute) exactly that; a poll that reads nothing costs
+    # EVENTS_PER_POLL, as above.
+    ways = reader_ways(
+        definition, "RunTrainingReadProgress", "RunTrainingWait", "RunTrainingNoProgress"
+    )
+    assert max(ways.values()) == EVENTS_PER_PROGRESS_READ, ways
+    assert ways[("RunTrainingReadProgress", "RunTrainingProgressSeen", "RunTrainingProgressMade",
+                 "RunTrainingProgressPhase", "RunTrainingProgressedCompiling")] == (
+        EVENTS_PER_PROGRESS_READ
+    )  # fmt: skip
+    assert len(ways) == 5, ways  # progress in training or compiling (two ways), or none yet
     # The polls are the batches' child executions' own: each batch of 50 is a standard child
     # execution of a Distributed Map (its own history), and the job's execution writes no event
     # per node or per poll.
@@ -489,11 +535,21 @@ def test_one_attempt_of_48_hours_on_1024_nodes_is_polled_every_two_minutes_or_mo
     and 30 a node in one history: 272 s at 64 nodes, no interval at all at 1,024); the job's
     execution writes the same few events per attempt at any size."""
     figures = {n: min_poll_seconds(n) for n in (2, 64, 256, 1024)}
-    assert figures == {2: 163, 64: 168, 256: 168, 1024: 168}, figures
+    assert figures == {2: 194, 64: 201, 256: 201, 1024: 201}, figures
     assert job_events(1024) < HISTORY_EVENTS / 2, job_events(1024)
-    # The bound is real: one poll fewer than the minimum allows outgrows a child's history.
-    polls = (LEG_SECONDS + POLL_LIMIT_MARGIN) // (figures[1024] - 1)
-    assert polls * EVENTS_PER_POLL + poll_events_used(1024) > HISTORY_EVENTS
+    # The bound is real: one second less than the minimum outgrows a child's history, its
+    # timed polls (those past the document's timeout too: POLL_LIMIT_MARGIN), its wakes
+    # (poll_events_used counts the WAKE_BUDGET) and the progress reads of RunTraining's first
+    # batch, one per PROGRESS_READ_SECONDS and the first at once.
+    seconds = LEG_SECONDS + POLL_LIMIT_MARGIN
+    for poll, fits in ((figures[1024], True), (figures[1024] - 1, False)):
+        polls = math.ceil(seconds / poll)
+        reads = seconds // PROGRESS_READ_SECONDS + 1
+        used = polls * EVENTS_PER_POLL + reads * EVENTS_PER_PROGRESS_READ
+        assert (used + poll_events_used(1024) <= HISTORY_EVENTS) is fits, (poll, used)
+    # Reading at every poll would need 267 s; never reading, 168 s.
+    assert min_poll_seconds(1024, read_seconds=1) == 267
+    assert min_poll_seconds(1024, read_seconds=LEG_SECONDS * 2) == 168
 
 
 def poll_events_used(node_count: int) -> int:
@@ -521,7 +577,7 @@ class Supervisor:
     def __init__(self, cloud: Any, arn: str, map_runs: list[Any]) -> None:
         self.cloud = cloud
         self.arn = arn
-        self.client = cloud.session().client("stepfunctions")
+        self.client = cloud.client("stepfunctions")
         #: moto's event managers of the Distributed Maps' runs, in the order they started.
         self.map_runs = map_runs
 
@@ -746,7 +802,9 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
     cluster_name = default.config.cluster_name
     hold = {"TRAINIUM_HOLD_AFTER_STEP": "60"}
     with supervised(tmp_path, default, node_settings=hold) as (cloud, supervisor):
-        execution = supervisor.start(job, TrainArgs=join_train_args(args), MaxRetries=0, **FAST)
+        execution = supervisor.start(
+            job, TrainArgs=join_train_args(args), MaxRetries=0, ProgressReadSeconds=5, **FAST
+        )
         held(tmp_path, job, 60, 400, lambda: supervisor.trace(execution))
         deadline = time.monotonic() + 300
         while len(poll_ids(supervisor)) <= 20:
@@ -774,14 +832,27 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         ], subjects
         assert "after 0 retries and 2 legs" in cloud.notifications[-1]["Message"]
         assert gone(job), "a process of the job outlived it"
-        # One execution per leg; a poll of a running command costs EVENTS_PER_POLL events of
-        # the batch's child execution's history (the arithmetic of stacks/supervisor_limits.py),
-        # counted here, and none of the job's execution's.
+        # One execution per leg; a timed poll of a running command costs EVENTS_PER_POLL events
+        # of the batch's child execution's history (a woken one EVENTS_PER_WAKE), and the first
+        # batch's read of the job's progress, once per ProgressReadSeconds (5 timed polls here:
+        # a woken poll counts no seconds), at most EVENTS_PER_PROGRESS_READ more (the
+        # arithmetic of stacks/supervisor_limits.py), counted here, and none of the job's
+        # execution's.
         chain = supervisor.chain(execution)
         assert len(chain) == 2, chain
         polls = poll_ids(supervisor)
         gaps = Counter(b - a for a, b in itertools.pairwise(polls))
-        assert len(polls) > 20 and gaps.most_common(1)[0][0] == EVENTS_PER_POLL, gaps
+        assert len(polls) > 20, gaps
+        assert gaps.most_common(1)[0][0] == EVENTS_PER_POLL, gaps
+        assert max(gaps) <= EVENTS_PER_WAKE + EVENTS_PER_PROGRESS_READ, gaps
+        entered = [n for e in supervisor.child_events("RunTraining")[0]
+                   if (n := _name(e)) and "Entered" in e["type"]]  # fmt: skip
+        reads = [i for i, n in enumerate(entered) if n == "RunTrainingReadProgress"]
+        apart = Counter(
+            entered[a:b].count("RunTrainingWait") - entered[a:b].count("RunTrainingWoken")
+            for a, b in itertools.pairwise(reads)
+        )
+        assert len(reads) > 3 and set(apart) == {5}, apart
         parent = supervisor.events(chain[0])
         assert not [e for e in parent if _name(e) == "RunTrainingWait"]
         assert len(parent) < OTHER_EVENTS, len(parent)

@@ -117,7 +117,7 @@ def simulated_job(template: dict[str, Any], **settings: Any) -> Iterator[Job]:
         agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
         stack.callback(agents.close)
         agents.attach(cloud)
-        client = cloud.session().client("stepfunctions")
+        client = cloud.client("stepfunctions")
         claim_slot(cloud.session(), cloud.stack_outputs()["JobQueueTableName"], JOB_ID, JOB_ID)
         execution = client.start_execution(
             stateMachineArn=arn, name=JOB_ID,

@@ -27,15 +27,22 @@ from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
 from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
-from stacks.supervisor_limits import MAX_NODE_WAITS
+from stacks.supervisor_limits import LEG_SECONDS, MAX_NODE_WAITS
 from tests.cdk_support import Synth
 from tests.test_supervisor import Supervisor, default, placeholder_refs, states
 
 __all__ = ["default"]  # the default cluster's synth, a fixture of test_supervisor
 
 #: The default cluster's job settings in these rehearsals: waits pass at once (instant_waits),
-#: so PollSeconds only says how much waiting each poll counts for.
-SETTINGS = {"PollSeconds": 720, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
+#: so PollSeconds only says how much waiting each poll counts for. The simulated agents write
+#: no progress line, and the counted seconds run far ahead of the test's clock: the hang limits
+#: lie past RunTraining's own poll limit, so the progress reader (stacks/supervisor_progress.py)
+#: never ends an attempt here while the test is still acting on it (at the defaults it did after
+#: 15 instant polls: CompileHangSeconds 10800 / 720).
+SETTINGS = {
+    "PollSeconds": 720, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5,
+    "HangSeconds": 2 * LEG_SECONDS, "CompileHangSeconds": 2 * LEG_SECONDS,
+}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -184,7 +191,7 @@ def test_more_healthy_nodes_than_the_job_needs_run_it_on_node_count_of_them(
 def send_stops(cloud: LocalCloud, job_ids: list[str]) -> None:
     """StopTraining for each of `job_ids` in turn, on every node (as `cluster.py stop` sends it,
     scripts/cluster_lib/node_operations.py), through the stand-in's SSM."""
-    ssm = cloud.session().client("ssm")
+    ssm = cloud.client("ssm")
     nodes = [i.instance_id for i in cloud.running()]
     for job_id in job_ids:
         ssm.send_command(

@@ -27,7 +27,12 @@ from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedIn
 from scripts.rehearsal.job_queue import matches
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
 from scripts.rehearsal.wake import invocation_event, terminate_event
-from stacks.supervisor_limits import EVENTS_PER_POLL, EVENTS_PER_WAKE, WAKE_BUDGET
+from stacks.supervisor_limits import (
+    EVENTS_PER_POLL,
+    EVENTS_PER_PROGRESS_READ,
+    EVENTS_PER_WAKE,
+    WAKE_BUDGET,
+)
 from stacks.supervisor_wake import INVOCATION_ENDED, WAKE_ROUNDS
 from tests.cdk_support import Synth
 from tests.test_supervisor import Supervisor, _name, default
@@ -237,6 +242,17 @@ def test_polls_and_wakes_write_what_the_history_budget_assumes(
         plain = [p for p in polls if any(_name(e) == "RunTrainingWaitPlain" for e in p)]
         timed = [p for p in polls if p not in woken and p not in plain]
         assert len(woken) == WAKE_BUDGET, (len(woken), len(polls))
+        # The first batch reads the job's progress at the first poll and then at most once per
+        # ProgressReadSeconds (stacks/supervisor_progress.py): EVENTS_PER_PROGRESS_READ more
+        # at most, in a timed or a woken poll alike.
+        reading = [p for p in polls if any(_name(e) == "RunTrainingReadProgress" for e in p)]
+        assert reading, len(polls)
+        for p in reading:
+            own = EVENTS_PER_WAKE if p in woken else EVENTS_PER_POLL
+            assert len(p) <= own + EVENTS_PER_PROGRESS_READ, [str(e["type"]) for e in p]
+        woken = [p for p in woken if p not in reading]
+        timed = [p for p in timed if p not in reading]
+        plain = [p for p in plain if p not in reading]
         assert {len(p) for p in woken} == {EVENTS_PER_WAKE}, [
             [e["type"] for e in p] for p in woken[:1]
         ]

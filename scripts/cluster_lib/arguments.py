@@ -234,6 +234,14 @@ def validate(args: argparse.Namespace, train_args: list[str]) -> None:
             raise UsageError(f"--check-every {args.check_every} is not allowed: use 1 to 3600")
         if not 0 <= args.failure_grace <= 86400:
             raise UsageError(f"--failure-grace {args.failure_grace} is not allowed: use 0 to 86400")
+        for flag, minutes in (
+            ("--hang-minutes", args.hang_minutes),
+            ("--compile-hang-minutes", args.compile_hang_minutes),
+        ):
+            if not 1 <= minutes <= 2880:
+                raise UsageError(
+                    f"{flag} {minutes} is not allowed: use 1 to 2880 (a leg lasts 48 hours)"
+                )
         no_retry_statuses(args.no_retry_on, args.retry_on)
     if command == "jobs" and not 1 <= args.limit <= 1000:
         raise UsageError(f"--limit {args.limit} is not allowed: use 1 to 1000")

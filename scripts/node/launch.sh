@@ -397,7 +397,10 @@ while kill -0 "$child" 2>/dev/null; do
 done
 status=0
 wait "$child" || status=$?
-trap - USR1
+# The leg's end has nothing more to do, and a USR1 still on its way (end_leg's recheck, or the
+# leg timer firing as torchrun ended) must not end this script: ignored, not reset (a signal
+# without a trap ends bash with 128 + its number, here 138, and leaves the leftovers running).
+trap '' USR1
 stop_recheck
 if [[ -n $timer ]]; then
   pkill -P "$timer" 2>/dev/null || true

@@ -57,6 +57,7 @@ from scripts.rehearsal.instances import (
 from scripts.rehearsal.lifecycle_hooks import TerminatingNodes, TerminationHook
 from scripts.rehearsal.logs_stand_in import LogsStandIn
 from scripts.rehearsal.s3_stand_in import S3StandIn
+from scripts.rehearsal.sessions import stand_in_session
 from scripts.rehearsal.ssm_stand_in import LocalError, SsmStandIn
 from stacks.config import CLUSTER_TAG_KEY
 
@@ -176,6 +177,9 @@ class LocalCloud:
         self.data_bucket = f"{cluster_name}-data"
         self.s3 = S3StandIn(self.data_bucket, self.output / "data")
         self._services: dict[str, object] = {"ssm": self.ssm, "logs": self.logs, "s3": self.s3}
+        #: CloudWatch GetMetricData, once the job supervisor runs (supervisor.py: it needs the
+        #: operations stack's metric filters).
+        self.metrics: Any = None
 
     def close(self) -> None:
         if self.terminating is not None:
@@ -217,14 +221,19 @@ class LocalCloud:
     # --------------------------------------------------------------- clients
     def session(self) -> Any:
         """A boto3 Session whose clients this stand-in answers (for `cluster.main(session=)`)."""
-        import boto3
-
-        session = boto3.Session(
-            aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal", region_name=REGION
-        )
+        session = stand_in_session("rehearsal", REGION)
         session.events.register("before-parameter-build.*.*", self._keep_params)
         session.events.register("before-call.*.*", self._answer)
         return session
+
+    def client(self, service: str) -> Any:
+        """This stand-in's client for `service`, made once: a test that polls every fraction
+        of a second asks for the same client each time (botocore clients are thread safe)."""
+        cache: dict[str, Any] = self.__dict__.setdefault("_client_cache", {})
+        with self._lock:
+            if service not in cache:
+                cache[service] = self.session().client(service)
+            return cache[service]
 
     def clients(self) -> Clients:
         """The CLI's Clients, built by its own factory, answered by this stand-in."""

@@ -153,7 +153,6 @@ class RuleEmulator:
             arn = execution["executionArn"]
             if execution["status"] == "RUNNING" or arn in self._seen:
                 continue
-            self._seen.add(arn)
             event = status_change_event(client.describe_execution(executionArn=arn), self.region)
             if matches(self.pattern, event):
                 # EventBridge names the execution (a UUID); moto would name every one "None".
@@ -161,6 +160,8 @@ class RuleEmulator:
                     stateMachineArn=self.dispatcher, name=event["id"], input=json.dumps(event)
                 )
                 self.delivered.append(event)
+            # Seen once its dispatcher exists: settled() reads _seen as "delivered".
+            self._seen.add(arn)
 
     def settled_dispatchers(self, timeout: float = 120) -> None:
         """Returns once no dispatcher execution runs (with the rule closed: no event comes)."""

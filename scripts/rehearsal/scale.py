@@ -191,10 +191,10 @@ def rehearse(
         agents = SimulatedAgents(cloud.instances)  # type: ignore[arg-type]
         stack.callback(agents.close)
         agents.attach(cloud)
-        client = cloud.session().client("stepfunctions")
+        client = cloud.client("stepfunctions")
         # The job's code, uploaded as `train` uploads it (the real nodes run it).
         inputs = prepare(
-            cloud.session().client("s3"), cloud.data_bucket, code=None, script=None,
+            cloud.client("s3"), cloud.data_bucket, code=None, script=None,
             module=None, data=None, out=lambda _: None,
         )  # fmt: skip
         first_call = len(cloud.calls)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scripts.rehearsal.aws_stand_in import validate_answer
+from scripts.rehearsal.sessions import stand_in_session
 
 REGION = "us-east-1"
 
@@ -30,11 +31,7 @@ class DeployedStacks:
         self.calls: list[str] = []
 
     def session(self, region: str = REGION) -> Any:
-        import boto3
-
-        session = boto3.Session(
-            aws_access_key_id="stand-in", aws_secret_access_key="stand-in", region_name=region
-        )
+        session = stand_in_session("stand-in", region)
         session.events.register("before-parameter-build.*.*", self._keep_params)
         session.events.register("before-call.*.*", self._answer)
         return session

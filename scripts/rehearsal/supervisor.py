@@ -33,6 +33,8 @@ from scripts.cluster_lib.documents import DOCUMENT_NAMES
 from scripts.rehearsal import sdk_parameters
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.job_queue import local_queue
+from scripts.rehearsal.metric_filter import template_filters
+from scripts.rehearsal.metrics_stand_in import MetricsStandIn
 from scripts.rehearsal.sdk_clients import one_at_a_time
 from scripts.rehearsal.wake import WAKE_CONSTRUCT, create_queue, local_wake, queue_logical_id
 
@@ -145,6 +147,20 @@ class SfnAsSdkIntegration:
         return call
 
 
+def iso_text(value: Any) -> Any:
+    """`value` with every datetime as the text Step Functions gives an AWS SDK task's
+    timestamps in: ISO 8601, UTC, milliseconds, Z ("2013-08-23T01:02:15.422Z")."""
+    if isinstance(value, datetime):
+        when = value if value.tzinfo else value.replace(tzinfo=UTC)
+        moment = when.astimezone(UTC)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    if isinstance(value, dict):
+        return {k: iso_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [iso_text(v) for v in value]
+    return value
+
+
 @contextlib.contextmanager
 def sdk_parameter_names() -> Iterator[None]:
     """moto's interpreter, made to take an AWS SDK task's Parameters as Step Functions does:
@@ -209,6 +225,9 @@ def sdk_parameter_names() -> Iterator[None]:
             normalised_parameters=converted,
             state_credentials=state_credentials,
         )
+        # moto leaves botocore's datetimes in the task's result; Step Functions gives an AWS
+        # SDK task's timestamps as ISO 8601 text in UTC ("2013-08-23T01:02:15.422Z").
+        env.stack[-1] = iso_text(env.stack[-1])
 
     task._eval_service_task = eval_service_task  # type: ignore[method-assign]
     try:
@@ -439,14 +458,30 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     region = cloud.region
     original = aws_sdk.boto_client_for
     session = cloud.session()
+    # One client per service and region for every SDK task of every execution (moto asks for
+    # one per task; clients are thread safe, making them is not, nor cheap).
+    made: dict[tuple[str, str], Any] = {}
 
     @one_at_a_time
     def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
-        if service == "stepfunctions":
-            return SfnAsSdkIntegration(original(region, service, state_credentials))
-        return session.client(service, region_name=region)
+        # state_credentials: the execution's role (moto passes it always); the stand-in's
+        # clients answer every caller alike, as before.
+        if (region, service) not in made:
+            if service == "stepfunctions":
+                made[region, service] = SfnAsSdkIntegration(
+                    original(region, service, state_credentials)
+                )
+            else:
+                made[region, service] = session.client(service, region_name=region)
+        return made[region, service]
 
     refs = stand_in_refs(template, cloud, region)
+    # CloudWatch's GetMetricData (the supervisor's progress reader) over the training log
+    # group's events, through the template's metric filters.
+    (log_group,) = [k for k, v in _resources(template, "AWS::Logs::LogGroup").items()
+                    if "LogGroupName" not in v["Properties"]]  # fmt: skip
+    cloud.metrics = MetricsStandIn(cloud.logs, template_filters(template, log_group))
+    cloud._services["cloudwatch"] = cloud.metrics
     machine_id, machine = _machine(template, "JobSupervisor")
     name = machine["Properties"].get("StateMachineName", f"{cloud.cluster_name}-jobs")
     # moto runs state machines only with this setting (moto/stepfunctions/responses.py).

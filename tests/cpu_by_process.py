@@ -1,0 +1,76 @@
+"""Where a test's CPU goes: run a command, sample every process under it, sum CPU by command.
+
+    .venv/bin/python tests/cpu_by_process.py .venv/bin/pytest -q -p no:randomly tests/test_x.py -k y
+
+Every 0.2 s it reads /proc/<pid>/stat (utime + stime, proc(5)) of each descendant and keeps the
+largest value seen per process; an exited process keeps what it had used at its last sample
+(its stat stays readable until its parent reaps it). CPU seconds, unlike wall time, hardly change
+with what else the machine runs, so a test's figure before and after a change compares on a
+shared machine. The command's own output is discarded; its exit status is printed first.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _snapshot() -> tuple[dict[int, list[int]], dict[int, tuple[float, str]]]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    stats: dict[int, tuple[float, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+            fields = text[text.rindex(")") + 2 :].split()
+            command = (entry / "cmdline").read_text().replace("\0", " ").strip()
+            if not command:
+                command = f"[{(entry / 'comm').read_text().strip()}]"
+        except (OSError, ValueError):
+            continue
+        children[int(fields[1])].append(int(entry.name))
+        stats[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / TICKS, command)
+    return children, stats
+
+
+def _kind(command: str) -> str:
+    """The first four words of a command line, each without its directory."""
+    return " ".join(word.rsplit("/", 1)[-1] for word in command.split()[:4])
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: cpu_by_process.py COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: dict[int, tuple[float, str]] = {}
+    while process.poll() is None:
+        children, stats = _snapshot()
+        stack = [process.pid]
+        while stack:
+            pid = stack.pop()
+            if pid in stats:
+                cpu, command = stats[pid]
+                seen[pid] = (max(cpu, seen.get(pid, (0.0, ""))[0]), command)
+            stack.extend(children.get(pid, []))
+        time.sleep(0.2)
+    total: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    for cpu, command in seen.values():
+        total[_kind(command)] += cpu
+        count[_kind(command)] += 1
+    print(f"exit status {process.returncode}; CPU {sum(total.values()):.1f} s in all")
+    for kind, cpu in total.most_common(20):
+        print(f"{cpu:8.1f} s {count[kind]:4d}  {kind}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
