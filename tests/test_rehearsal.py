@@ -474,8 +474,10 @@ def test_a_fleet_that_runs_different_software_ends_the_job_at_once(
         node_env.write_text(
             node_env.read_text().replace(cloud.software_version, "0badc0ffee000001")
         )
+        # A grace of 5 s: when the two preflights end in different polls, the first one's end
+        # starts the grace before the rest is cancelled (300 s by default).
         train = Cli(cloud, "train", "--job-id", job, "--max-retries", "2", "--retry-delay", "1",
-                    "--check-every", "1", "--", *args)  # fmt: skip
+                    "--check-every", "1", "--failure-grace", "5", "--", *args)  # fmt: skip
         train.run()
         captured = capfd.readouterr()
         assert train.code == 1, captured.out + captured.err
