@@ -32,6 +32,14 @@ Every state entered is a state transition (Step Functions' StateTransition bucke
 executions' included. The SDK tasks retry throttling (supervisor_tasks.py: 6 retries, 5 s
 doubling to 2 min), which adds calls only once a rate is already exceeded; not counted here.
 
+The wake (stacks/supervisor_wake.py): EventBridge starts one execution of the wake state
+machine per matching event (events:Invocations, states:StartExecution), a Preflight or
+RunTraining invocation that ended or a node the group terminates; so an attempt's end at N nodes
+starts N of them within seconds. Each receives the wake queue's messages (sqs:ReceiveMessage,
+twice when the queue is empty: before and after Settle) and, for each parked child's message,
+SendTaskSuccess and sqs:DeleteMessage; the children's tokens are taken by whichever executions
+receive them first, so the tokens cost once per attempt's end however many events there are.
+
 The operator CLI (scripts/cluster.py) while it runs: `train` follows the execution every
 --poll-interval (CLI_INTERVAL) with GetExecutionHistory (one page of 100 events), DescribeExecution
 and, once RunTraining runs, GetLogEvents on rank 0's job-log stream; `logs --follow` reads the
@@ -113,6 +121,16 @@ CHILD_END_STATES, RESULTS_PAGE_STATES = 9, 5
 #: execution's start to its first poll (Defaults, ReadJob, ReadCounters, FreshOrContinued,
 #: ClaimSlot, NotifyStart); from NodesReady to a Distributed Map (NodesReady, CountAttempt).
 AFTER_ATTEMPT_STATES, JOB_START_STATES, ATTEMPT_START_STATES = 19, 6, 2
+#: The wake's states: an execution that finds the queue empty (FirstRound, Receive, AnyMessages,
+#: Settle, Settled, Receive, AnyMessages, Woken); each round that received messages (WakeEach,
+#: CountRound, MoreRounds, Receive, AnyMessages); each message (SendTaskSuccess, DeleteMessage).
+#: tests/test_api_rates.py counts them in the synthesized wake definition.
+WAKE_EMPTY_STATES, WAKE_ROUND_STATES, WAKE_TOKEN_STATES = 8, 5, 2
+#: Messages one ReceiveMessage returns at most (stacks/supervisor_wake.RECEIVE_MAX; the SQS API
+#: reference's MaxNumberOfMessages).
+RECEIVE_MAX = 10
+#: ReceiveMessage calls of a wake that finds the queue empty (before and after Settle).
+WAKE_EMPTY_RECEIVES = 2
 #: Per minute, an action whose quota could not be confirmed is held to this rate (see above).
 ASSUMED_FLOOR_PER_SECOND = 1.0
 
@@ -180,6 +198,8 @@ _DDB = (
     "partition)",
     "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html",
 )
+_EB = ("Amazon EventBridge user guide, EventBridge quotas (invocations throttle limit)",
+       "https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-quota.html")  # fmt: skip
 _UNCONFIRMED = "no per-action request rate found in the documentation searched; not confirmed"
 
 
@@ -235,6 +255,23 @@ QUOTAS: dict[str, Quota] = {
         _SQS,
         "standard queues support a nearly unlimited number of API calls per second per action "
         "on that page; no figure, so not confirmed here",
+    ),
+    "sqs:ReceiveMessage": _unconfirmed(
+        _SQS,
+        "standard queues support a nearly unlimited number of API calls per second per action "
+        "on that page; no figure, so not confirmed here",
+    ),
+    "sqs:DeleteMessage": _unconfirmed(
+        _SQS,
+        "standard queues support a nearly unlimited number of API calls per second per action "
+        "on that page; no figure, so not confirmed here",
+    ),
+    "states:SendTaskSuccess": Quota(300, *_SFN, bucket=1500, note=_SFN_NOTE),
+    "events:Invocations": Quota(
+        750,
+        *_EB,
+        note="the lowest region's figure (af-south-1, ap-northeast-3, ap-southeast-3, "
+        "eu-south-1; us-east-1 18,750); a throttled invocation is delayed, not dropped",
     ),
     "sns:Publish": _unconfirmed(
         _SNS, "Publish is thousands of TPS per region on that page; the figure not confirmed here"
@@ -341,6 +378,26 @@ def attempt_end(node_count: int, document: str) -> Counter[str]:
     return calls
 
 
+def wake(events: int, parked: int) -> Counter[str]:
+    """`events` matching events, each starting a wake execution (EventBridge's invocation and
+    a StartExecution), and the `parked` children's messages they find: each execution that
+    finds the queue empty receives twice and ends; the messages are received ten a round and
+    each woken (SendTaskSuccess) and deleted once."""
+    rounds = math.ceil(parked / RECEIVE_MAX)
+    return Counter(
+        {
+            "events:Invocations": events,
+            "states:StartExecution": events,
+            "sqs:ReceiveMessage": WAKE_EMPTY_RECEIVES * events + rounds,
+            "states:SendTaskSuccess": parked,
+            "sqs:DeleteMessage": parked,
+            TRANSITIONS: WAKE_EMPTY_STATES * events
+            + WAKE_ROUND_STATES * rounds
+            + WAKE_TOKEN_STATES * parked,
+        }
+    )
+
+
 def _polls_per_minute(poll_seconds: float) -> int:
     """The most polls one loop can make in a minute."""
     return math.ceil(60 / poll_seconds)
@@ -360,10 +417,12 @@ def supervisor_minutes(node_count: int, poll_seconds: float) -> dict[str, Counte
         "the last poll for nodes and Preflight's start": waiting + attempt_start(node_count),
         "Preflight's end and RunTraining's start": running
         + attempt_end(node_count, "Preflight")
+        + wake(node_count, batches(node_count))
         + attempt_start(node_count),
         "RunTraining's polls": running,
         "RunTraining's end, a retry and the next poll for nodes": running
         + attempt_end(node_count, "RunTraining")
+        + wake(node_count, batches(node_count))
         + job_start()
         + waiting,
     }

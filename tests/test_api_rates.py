@@ -16,7 +16,7 @@ from scripts.cluster_lib.clients import Patience
 from scripts.cluster_lib.executions import MAX_LISTED
 from scripts.rehearsal.supervisor import definition as machine_definition
 from stacks import api_rates as rates
-from stacks import supervisor_group
+from stacks import supervisor_group, supervisor_wake
 from stacks.supervisor_limits import (
     DEFAULT_POLL_SECONDS,
     PROGRESS_READ_SECONDS,
@@ -81,23 +81,29 @@ def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
     expected = {
         64: {"ssm:SendCommand": 2, "ssm:ListCommands": 3, "ec2:DescribeTags": 1,
              "autoscaling:DescribeAutoScalingInstances": 5, "ec2:DescribeNetworkInterfaces": 3,
-             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 485, "sqs:SendMessage": 2,
-             "cloudwatch:GetMetricData": 1},
+             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 1006, "sqs:SendMessage": 2,
+             "cloudwatch:GetMetricData": 1, "events:Invocations": 64,
+             "sqs:ReceiveMessage": 129, "states:SendTaskSuccess": 2, "sqs:DeleteMessage": 2},
         256: {"ssm:SendCommand": 6, "ssm:ListCommands": 7, "ec2:DescribeTags": 2,
               "autoscaling:DescribeAutoScalingInstances": 17, "ec2:DescribeNetworkInterfaces": 11,
-              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 1773, "sqs:SendMessage": 6,
-              "cloudwatch:GetMetricData": 1},
+              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 3838, "sqs:SendMessage": 6,
+              "cloudwatch:GetMetricData": 1, "events:Invocations": 256,
+              "sqs:ReceiveMessage": 513, "states:SendTaskSuccess": 6, "sqs:DeleteMessage": 6},
         1024: {"ssm:SendCommand": 21, "ssm:ListCommands": 22, "ec2:DescribeTags": 5,
                "autoscaling:DescribeAutoScalingInstances": 62, "ec2:DescribeNetworkInterfaces": 41,
-               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 6888,
-               "sqs:SendMessage": 21, "cloudwatch:GetMetricData": 1},
+               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 15137,
+               "sqs:SendMessage": 21, "cloudwatch:GetMetricData": 1,
+               "events:Invocations": 1024, "sqs:ReceiveMessage": 2051,
+               "states:SendTaskSuccess": 21, "sqs:DeleteMessage": 21},
     }  # fmt: skip
     for nodes, figures in expected.items():
         for poll in (MIN_POLL[nodes], DEFAULT_POLL_SECONDS):
             worst = rates.worst_minute(nodes, poll)
             assert {a: worst[a] for a in figures} == figures, (nodes, poll, worst)
     worst = rates.worst_minute(1024, MIN_POLL[1024])
-    assert worst[rates.CHILD_START] == 62 and worst["states:StartExecution"] == 1
+    # An attempt's end: 1,024 invocations end, EventBridge starts a wake for each (and the
+    # job's successor is started), against StartExecution's 150 a second and bucket of 800.
+    assert worst[rates.CHILD_START] == 62 and worst["states:StartExecution"] == 1025
     assert worst["dynamodb:UpdateItem"] == 1 and worst["sns:Publish"] == 2
     # A batch's end reads its invocations in two pages of 25 (supervisor_limits.INVOCATIONS_PAGE).
     assert worst["ssm:CancelCommand"] == 21 and worst["ssm:ListCommandInvocations"] == 42
@@ -144,8 +150,10 @@ def test_at_1024_nodes_and_the_shortest_poll_the_supervisor_keeps_to_every_docum
     assert flagged == [
         ("supervisor", "autoscaling:DescribeAutoScalingInstances", 62),
         ("supervisor", "autoscaling:SetInstanceHealth", 1024),
+        ("supervisor", "sqs:ReceiveMessage", 2051),
         ("supervisor + train", "autoscaling:DescribeAutoScalingInstances", 62),
         ("supervisor + train", "autoscaling:SetInstanceHealth", 1024),
+        ("supervisor + train", "sqs:ReceiveMessage", 2051),
     ], flagged
     for action, calls in rates.worst_minute(1024, MIN_POLL[1024]).items():
         if rates.QUOTAS[action].confirmed:
@@ -243,3 +251,44 @@ def test_every_sdk_call_of_the_definition_has_a_quota(found: dict[str, dict[str,
 def test_the_cli_figures_are_the_clis() -> None:
     assert Patience().poll_interval == rates.CLI_INTERVAL
     assert rates.MAX_LISTED == MAX_LISTED
+
+
+def test_the_model_counts_what_the_wake_calls() -> None:
+    """The wake's states and calls as the synthesized wake definition has them: a wake that
+    finds the queue empty, a round that received messages, a message (stacks/supervisor_wake.py);
+    and every call it makes has a quota."""
+    template = synth(node_count="1024").templates["operations"]
+    wake = machine_definition(template, placeholder_refs(template), construct="JobSupervisorWake")
+    found = wake["States"]
+    empty = ["FirstRound", "Receive", "AnyMessages", "Settle", "Settled", "Receive",
+             "AnyMessages", "Woken"]  # fmt: skip
+    assert [found[a].get("Next") or found[a].get("Default") for a in empty[:5]] == empty[1:6]
+    settled = [c["Next"] for c in found["AnyMessages"]["Choices"]
+               if c.get("Variable") == "$.Settled"]  # fmt: skip
+    assert settled == ["Woken"] and found["Woken"]["Type"] == "Succeed"
+    assert len(empty) == rates.WAKE_EMPTY_STATES
+    assert sum(s == "Receive" for s in empty) == rates.WAKE_EMPTY_RECEIVES
+    each = [c["Next"] for c in found["AnyMessages"]["Choices"]
+            if c.get("Variable") == "$.Received.Messages[0]"]  # fmt: skip
+    assert each == ["WakeEach"]
+    round_ = ["WakeEach", "CountRound", "MoreRounds"]
+    assert [found[a]["Next"] for a in round_[:2]] == round_[1:]
+    assert found["MoreRounds"]["Choices"][0]["Next"] == "Receive"
+    assert len(round_) + 2 == rates.WAKE_ROUND_STATES  # and Receive, AnyMessages again
+    per_message = found["WakeEach"]["ItemProcessor"]["States"]
+    assert sorted(per_message) == ["DeleteMessage", "SendTaskSuccess"]
+    assert len(per_message) == rates.WAKE_TOKEN_STATES
+    size = found["Receive"]["Parameters"]["MaxNumberOfMessages"]
+    assert size == rates.RECEIVE_MAX == supervisor_wake.RECEIVE_MAX
+    calls = {found["Receive"]["Resource"], *(s["Resource"] for s in per_message.values())}
+    assert calls == {f"{SDK}sqs:receiveMessage", f"{SDK}sqs:deleteMessage",
+                     f"{SDK}sfn:sendTaskSuccess"}  # fmt: skip
+    for action in ("sqs:ReceiveMessage", "sqs:DeleteMessage", "states:SendTaskSuccess",
+                   "events:Invocations", "states:StartExecution"):  # fmt: skip
+        assert action in rates.QUOTAS, action
+    # One wake per event, the parked children's messages once.
+    assert rates.wake(1024, 21) == {
+        "events:Invocations": 1024, "states:StartExecution": 1024,
+        "sqs:ReceiveMessage": 2 * 1024 + 3, "states:SendTaskSuccess": 21,
+        "sqs:DeleteMessage": 21, rates.TRANSITIONS: 8 * 1024 + 5 * 3 + 2 * 21,
+    }  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,11 @@ def test_outputs_name_what_to_export_before_destroy(default: Synth) -> None:
 
 
 def test_log_groups_are_encrypted_with_retention(default: Synth) -> None:
-    """The training log group and the execution log groups of the job supervisor and of the
-    job queue's dispatcher."""
+    """The training log group and the execution log groups of the job supervisor, of the job
+    queue's dispatcher and of the supervisor's wake."""
     groups = resources(default.templates["operations"], "AWS::Logs::LogGroup")
-    assert len(groups) == 3
+    owners = sorted(re.sub(r"(ExecutionLogGroup|LogGroup)[0-9A-F]{8}$", "", g) for g in groups)
+    assert owners == ["JobDispatcher", "JobSupervisor", "JobSupervisorWake", "Training"]
     for group in groups.values():
         assert group["Properties"]["RetentionInDays"] == 365
         assert "OperationsKey" in flatten(group["Properties"]["KmsKeyId"])

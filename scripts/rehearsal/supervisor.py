@@ -398,22 +398,41 @@ def stops_stay_stopped() -> Iterator[None]:
     Environment.set_error overwrites a stopped program state with an error that a state still
     finishing raises after the stop (a callback wait, such as the polls' WaitForWake, ends by its
     own timeout and then fails in the stopped frame: moto/stepfunctions/parser/asl/eval/
-    environment.py), which turns the stopped execution FAILED."""
+    environment.py), which turns the stopped execution FAILED.
+
+    Nor does a stopped execution record a failure of the state it was in: moto's components do
+    nothing once their environment has stopped (EvalComponent.eval), so a Task state stopped
+    midway pops a value it never pushed (a callback's TimeoutSecondsPath: "'>' not supported
+    between instances of 'dict' and 'int'") and ExecutionState._eval_state writes that error to
+    the history as the state's TaskFailed. On AWS an aborted execution's history ends with
+    ExecutionAborted (API reference, GetExecutionHistory)."""
+    from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
     from moto.stepfunctions.parser.asl.eval.environment import Environment
     from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
 
     original = Environment.set_error
+    evaluate = ExecutionState._evaluate_with_timeout
 
     def set_error(self: Any, error: Any) -> None:
         if isinstance(self.program_state(), ProgramStopped):
             return
         original(self, error)
 
+    def evaluate_with_timeout(self: Any, env: Any) -> None:
+        try:
+            evaluate(self, env)
+        except Exception:
+            if isinstance(env.program_state(), ProgramStopped):
+                return
+            raise
+
     Environment.set_error = set_error  # type: ignore[method-assign]
+    ExecutionState._evaluate_with_timeout = evaluate_with_timeout  # type: ignore[method-assign]
     try:
         yield
     finally:
         Environment.set_error = original  # type: ignore[method-assign]
+        ExecutionState._evaluate_with_timeout = evaluate  # type: ignore[method-assign]
 
 
 #: Step Functions names an AWS SDK integration's error ServiceName.ErrorName, both in PascalCase,

@@ -1,0 +1,114 @@
+"""The rehearsal's Step Functions interpreter (moto's, adjusted in scripts/rehearsal/supervisor.py)
+keeps a stopped execution stopped, as Step Functions does: StopExecution makes its status
+ABORTED and its history ends there (API reference, StopExecution and GetExecutionHistory).
+
+moto's components do nothing once their environment has stopped (EvalComponent.eval), so a Task
+stopped while it was sending (here the supervisor's park: an SQS message with a task token and
+TimeoutSecondsPath, stacks/supervisor_wake.py) pops a value it never pushed and, without the
+adjustment, records "'>' not supported between instances of 'dict' and 'int'" as the state's
+TaskFailed in the aborted execution's history: a failure the supervisor's fault tests then
+count (a child aborted when another batch's child failed the map run).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from scripts.rehearsal.supervisor import stops_stay_stopped
+
+REGION = "us-east-1"
+#: Upper bound only: every wait below ends on an event.
+WAIT = 120
+
+
+@pytest.fixture
+def held_send(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """moto with its interpreter on, and the interpreter's SQS client holding each SendMessage
+    until the test releases it: (sending, release)."""
+    from moto import mock_aws
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_sqs as sqs_task,
+    )
+
+    sending, release = threading.Event(), threading.Event()
+    original = sqs_task.boto_client_for
+
+    class Held:
+        def __init__(self, client: Any) -> None:
+            self.client = client
+
+        def send_message(self, **kwargs: Any) -> Any:
+            sending.set()
+            assert release.wait(WAIT), "the test never released the send"
+            return self.client.send_message(**kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.client, name)
+
+    def client_for(*args: Any, **kwargs: Any) -> Any:
+        return Held(original(*args, **kwargs))
+
+    monkeypatch.setattr(sqs_task, "boto_client_for", client_for)
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        yield sending, release
+    release.set()
+
+
+def _stopped_while_sending(
+    sending: threading.Event, release: threading.Event
+) -> tuple[str, list[str]]:
+    """A one-state machine parked on the queue, stopped while its SendMessage is held: its
+    status and the event types of its history once every thread of the execution has ended."""
+    from moto.stepfunctions.parser.utils import TMP_THREADS
+
+    sqs = boto3.client("sqs", region_name=REGION)
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    url = sqs.create_queue(QueueName="wake")["QueueUrl"]
+    park = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+        "Parameters": {"QueueUrl": url, "MessageBody": {"TaskToken.$": "$$.Task.Token"}},
+        "TimeoutSecondsPath": "$.Seconds",
+        "End": True,
+    }
+    machine = sfn.create_state_machine(
+        name="park",
+        definition=json.dumps({"StartAt": "Park", "States": {"Park": park}}),
+        roleArn="arn:aws:iam::123456789012:role/park",
+    )["stateMachineArn"]
+    before = set(TMP_THREADS)
+    execution = sfn.start_execution(stateMachineArn=machine, input=json.dumps({"Seconds": WAIT}))
+    assert sending.wait(WAIT), "the execution never sent its message"
+    sfn.stop_execution(executionArn=execution["executionArn"])
+    release.set()
+    for thread in [t for t in list(TMP_THREADS) if t not in before]:
+        thread.join(WAIT)
+        assert not thread.is_alive(), "the execution's threads did not end"
+    status = sfn.describe_execution(executionArn=execution["executionArn"])["status"]
+    history = sfn.get_execution_history(executionArn=execution["executionArn"])["events"]
+    return status, [e["type"] for e in history]
+
+
+def test_a_task_stopped_midway_records_no_failure(
+    held_send: tuple[threading.Event, threading.Event],
+) -> None:
+    with stops_stay_stopped():
+        status, types = _stopped_while_sending(*held_send)
+    assert status == "ABORTED", status
+    assert "TaskFailed" not in types, types
+    assert types[-1] == "ExecutionAborted", types
+
+
+def test_moto_alone_records_the_stopped_task_as_failed(
+    held_send: tuple[threading.Event, threading.Event],
+) -> None:
+    """What the adjustment is for: without it the stopped execution's history holds a
+    TaskFailed, and the execution ends FAILED."""
+    status, types = _stopped_while_sending(*held_send)
+    assert "TaskFailed" in types and status == "FAILED", (status, types)
