@@ -108,12 +108,13 @@ PROGRESS_STATES = 5
 #: PreflightByCode, PreflightMarkUnhealthy, PreflightReplaced; RunTraining's: its Classify,
 #: Plugin, StatusNamed, ByCode, and for an input error InputError and InputErrorSaid);
 #: what a child enters around its classification at most: a node gone, the
-#: grace and the cancel (<Doc>NodeGone, <Doc>GraceStarts, <Doc>WaitGrace, <Doc>CancelRest,
+#: grace and the cancel (<Doc>NodeGone, <Doc>GraceStarts, <Doc>GraceWait, <Doc>GraceForWake,
+#: <Doc>GraceOver, <Doc>CancelRest,
 #: <Doc>Cancelled), <Doc>NoResultsYet, <Doc>BatchResult, <Doc>ManyCauses and <Doc>FirstCauses;
 #: and per page of invocations <Doc>Results (or <Doc>ResultsPage), <Doc>EachInvocation,
 #: <Doc>AddResultsPage, <Doc>JoinResultsPage and <Doc>MoreResults.
 CLASSIFY_STATES = {"Preflight": 5, "RunTraining": 6}
-CHILD_END_STATES, RESULTS_PAGE_STATES = 9, 5
+CHILD_END_STATES, RESULTS_PAGE_STATES = 11, 5
 #: The job's execution from an attempt's end to its successor's start, at most (TrainingOutcome,
 #: StopFilter, StopFilters, ListStopCommands, AnyStopCommand, StopCommandJobs, StopMatched,
 #: WasStopped, RetryLeft, CountRetry, DescribeRetry, NotifyRetry, WaitBeforeRetry, HandOver,

@@ -49,7 +49,7 @@ from stacks.supervisor_outcomes import map_failed
 from stacks.supervisor_progress import hang_result, initial_progress, read_due, watch_progress
 from stacks.supervisor_results import read_and_classify
 from stacks.supervisor_tasks import SupervisorTasks
-from stacks.supervisor_wake import park
+from stacks.supervisor_wake import park, park_grace
 
 #: preflight.sh exits with this status on a fault no retry on the node fixes (a Neuron hardware
 #: error, fewer EFA devices than the instance type has, a failed bootstrap): replace the node.
@@ -354,11 +354,9 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
                      iam_action="ssm:CancelCommand")  # fmt: skip
     gone = sfn.Pass(t.scope, f"{p}NodeGone", result=sfn.Result.from_boolean(True),
                     result_path="$.Gone")  # fmt: skip
-    grace = sfn.Pass(t.scope, f"{p}GraceStarts", result=sfn.Result.from_boolean(True),
+    grace = sfn.Pass(t.scope, f"{p}GraceStarts", result=sfn.Result.from_object({"Over": False}),
                      result_path="$.Grace")  # fmt: skip
-    wait_grace = sfn.Wait(
-        t.scope, f"{p}WaitGrace", time=sfn.WaitTime.seconds_path("$.Job.FailureGraceSeconds")
-    )
+    wait_grace = park_grace(t.scope, p, t.wake_queue, poll)
     cancel = t.sdk(f"{p}CancelRest", "ssm", "cancelCommand", command_id, ["*"],
                    iam_action="ssm:CancelCommand")  # fmt: skip
     cancelled = sfn.Pass(t.scope, f"{p}Cancelled", result=sfn.Result.from_boolean(True),
@@ -397,10 +395,15 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
         cancel_asked,
         wait,
     ).when(
+        # The grace has passed with the command still running: cancel the rest.
         sfn.Condition.and_(
-            sfn.Condition.is_present("$.Grace"), sfn.Condition.or_(node_ended, node_gone)
+            sfn.Condition.is_present("$.Grace"), sfn.Condition.boolean_equals("$.Grace.Over", True)
         ),
         cancel,
+    ).when(
+        # In the grace, woken by an event before its end, the command still running.
+        sfn.Condition.is_present("$.Grace"),
+        wait_grace,
     ).when(node_gone, gone).when(node_ended, grace)
     if document == "RunTraining":
         # Nothing else happened at this poll: the first batch reads the job's progress when a
@@ -412,7 +415,7 @@ def _follow(t: SupervisorTasks, document: str, send: sfn.TaskStateBase, results:
     poll.next(nodes).next(alive).next(ended)
     _find_sent(t, document, send).next(wait)
     gone.next(grace)
-    grace.next(wait_grace).next(poll)
+    grace.next(wait_grace)
     cancel.next(others)
     too_long.add_catch(results, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
     too_long.next(results)

@@ -134,27 +134,78 @@ def park(
     choice = sfn.Choice(scope, f"{p}Wait")
     if queue is None:
         return choice.otherwise(plain)
-    wake = tasks.SqsSendMessage(
+    wake = _callback(scope, f"{p}WaitForWake", p, queue, "$.Job.PollSeconds")
+    wake.add_catch(poll, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
+    wake.add_catch(plain, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+    wake.next(_woken(scope, f"{p}Woken")).next(poll)
+    return choice.when(
+        sfn.Condition.number_greater_than_equals("$.Alive.Woken", WAKE_BUDGET), plain
+    ).otherwise(wake)
+
+
+def park_grace(
+    scope: Construct, document: str, queue: sqs.IQueue | None, poll: sfn.IChainable
+) -> sfn.Choice:
+    """<Document>GraceWait: the failure grace's wait (stacks/supervisor_run.py), woken as the
+    polls' waits are. The grace is over ($.Grace.Over, <Document>GraceOver) once a wait of
+    FailureGraceSeconds passed with no event; a wake polls at once, and the poll either finds
+    the command ended (every invocation ended within the grace: no cancel, no wait for the rest
+    of the grace) or waits the grace again. So the rest of the command is cancelled
+    FailureGraceSeconds after the last event, or at once once all ended. A wake counts against
+    WAKE_BUDGET as a poll's does; past it, or without a queue, a plain Wait of
+    FailureGraceSeconds."""
+    p = document
+    over = sfn.Pass(
         scope,
-        f"{p}WaitForWake",
+        f"{p}GraceOver",
+        result=sfn.Result.from_object({"Over": True}),
+        result_path="$.Grace",
+    )
+    over.next(poll)
+    plain = sfn.Wait(
+        scope, f"{p}WaitGrace", time=sfn.WaitTime.seconds_path("$.Job.FailureGraceSeconds")
+    )
+    plain.next(over)
+    choice = sfn.Choice(scope, f"{p}GraceWait")
+    if queue is None:
+        return choice.otherwise(plain)
+    wake = _callback(scope, f"{p}GraceForWake", p, queue, "$.Job.FailureGraceSeconds")
+    wake.add_catch(over, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
+    wake.add_catch(plain, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+    wake.next(_woken(scope, f"{p}GraceWoken")).next(poll)
+    return choice.when(
+        sfn.Condition.number_greater_than_equals("$.Alive.Woken", WAKE_BUDGET), plain
+    ).otherwise(wake)
+
+
+def _callback(
+    scope: Construct, construct_id: str, document: str, queue: sqs.IQueue, timeout: str
+) -> tasks.SqsSendMessage:
+    """A message with the task token to the wake queue, waited for at most `timeout` (a path)."""
+    return tasks.SqsSendMessage(
+        scope,
+        construct_id,
         queue=queue,
         integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
         message_body=sfn.TaskInput.from_object(
             {
                 "TaskToken": sfn.JsonPath.task_token,
                 "JobId": sfn.JsonPath.string_at("$.Job.JobId"),
-                "Document": p,
+                "Document": document,
                 "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
             }
         ),
-        task_timeout=sfn.Timeout.at("$.Job.PollSeconds"),
+        task_timeout=sfn.Timeout.at(timeout),
         result_path=sfn.JsonPath.DISCARD,
     )
-    # A wake counts, and counts for no seconds of the poll's own limit ($.Alive.Waited: the
-    # command's time limit is measured in timed waits; NodesAlive adds PollSeconds).
-    woken = sfn.Pass(
+
+
+def _woken(scope: Construct, construct_id: str) -> sfn.Pass:
+    """A wake counts, and counts for no seconds of the poll's own limit ($.Alive.Waited: the
+    command's time limit is measured in timed waits; NodesAlive adds PollSeconds)."""
+    return sfn.Pass(
         scope,
-        f"{p}Woken",
+        construct_id,
         parameters={
             "Waited.$": "States.MathAdd($.Alive.Waited, "
             "States.StringToJson(States.Format('-{}', $.Job.PollSeconds)))",
@@ -162,12 +213,6 @@ def park(
         },
         result_path="$.Alive",
     )
-    wake.add_catch(poll, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
-    wake.add_catch(plain, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-    wake.next(woken).next(poll)
-    return choice.when(
-        sfn.Condition.number_greater_than_equals("$.Alive.Woken", WAKE_BUDGET), plain
-    ).otherwise(wake)
 
 
 class SupervisorWake(Construct):

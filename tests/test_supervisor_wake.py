@@ -199,6 +199,47 @@ def test_a_dead_node_is_acted_on_within_seconds_at_a_600_s_poll(
         print(f"\ndeath to the job's end at PollSeconds 600: {seconds:.1f} s")
 
 
+@pytest.mark.slow
+def test_the_grace_ends_once_every_invocation_has_ended(tmp_path: Path, default: Synth) -> None:
+    """FailureGraceSeconds 600: one node's trainer crashes, the poll starts the grace and parks
+    in it; the other node's invocation ends a moment later (its ranks stopped by the crash, as
+    torchrun's agents do), which wakes the grace's wait, and the poll finds the command ended:
+    the job (no retries) fails naming both nodes within PROMPT seconds, not after the grace.
+    A grace that only timed out (the Wait of before) held the attempt for the full 600 s."""
+    nodes = default.config.node_count
+    assert nodes >= 2
+    settings = {**SLOW, "FailureGraceSeconds": 600}
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        execution = supervisor.start("grace", MaxRetries=0, **settings)
+        agents.wait_launched(nodes, PROMPT)
+        first, *others = cloud.running()
+        crashed = time.monotonic()
+        agents.fail(first, 1)
+
+        def in_grace() -> bool:
+            return any(
+                _name(e) == "RunTrainingGraceForWake"
+                for events in supervisor.child_events("RunTraining")
+                for e in events
+            )
+
+        deadline = time.monotonic() + PROMPT
+        while not in_grace():
+            assert time.monotonic() < deadline, supervisor.trace(execution)
+            time.sleep(0.1)
+        for other in others:
+            agents.fail(other, 1)
+        assert ended(supervisor, execution, PROMPT) == "FAILED", supervisor.trace(execution)
+        seconds = time.monotonic() - crashed
+        cause = supervisor.describe(supervisor.chain(execution)[-1])["cause"]
+        for node in [first, *others]:
+            assert f"{node.instance_id}: RunTraining failed with status 1" in cause, cause
+        (events,) = supervisor.child_events("RunTraining")
+        names = [_name(e) for e in events]
+        assert "RunTrainingGraceWoken" in names and "RunTrainingCancelRest" not in names, names
+        print(f"\ncrash to the job's end with a 600 s grace: {seconds:.1f} s")
+
+
 def _polls(events: list[dict[str, Any]], document: str) -> list[list[dict[str, Any]]]:
     """A child's history cut at each entry of <Document>Wait: one slice per poll."""
     starts = [i for i, e in enumerate(events) if _name(e) == f"{document}Wait"
