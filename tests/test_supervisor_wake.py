@@ -267,7 +267,17 @@ def test_polls_and_wakes_write_what_the_history_budget_assumes(
             (events,) = supervisor.child_events("RunTraining")
             return events
 
-        time.sleep(5)  # a timed poll or two first
+        def timed_poll() -> bool:
+            return any(
+                all(_name(e) != "RunTrainingWoken" for e in p)
+                for p in _polls(child(), "RunTraining")
+            )
+
+        # A timed poll first (PollSeconds 2): a whole poll in the history that no wake began.
+        deadline = time.monotonic() + PROMPT
+        while not timed_poll():
+            assert time.monotonic() < deadline, "no timed poll"
+            time.sleep(0.1)
         for n in range(WAKE_BUDGET + 3):
             before = len(child())
             client.start_execution(stateMachineArn=wake, name=f"wake-{n}", input="{}")
