@@ -132,6 +132,9 @@ WAKE_EMPTY_STATES, WAKE_ROUND_STATES, WAKE_TOKEN_STATES = 8, 5, 2
 RECEIVE_MAX = 10
 #: ReceiveMessage calls of a wake that finds the queue empty (before and after Settle).
 WAKE_EMPTY_RECEIVES = 2
+#: `jobs`' query of the nodes' progress: at most this long, polled this often
+#: (scripts/cluster_lib/stragglers.py QUERY_SECONDS, POLL_SECONDS; the tests check they agree).
+STRAGGLER_QUERY_SECONDS, STRAGGLER_QUERY_POLL = 60, 2
 #: Per minute, an action whose quota could not be confirmed is held to this rate (see above).
 ASSUMED_FLOOR_PER_SECOND = 1.0
 
@@ -280,6 +283,8 @@ QUOTAS: dict[str, Quota] = {
     "logs:GetLogEvents": Quota(10, *_CWL, note=_CWL_NOTE),
     "logs:FilterLogEvents": Quota(5, *_CWL, note=_CWL_NOTE),
     "logs:DescribeLogStreams": Quota(5, *_CWL, note=_CWL_NOTE),
+    "logs:StartQuery": _unconfirmed(_CWL),
+    "logs:GetQueryResults": _unconfirmed(_CWL),
     "cloudformation:DescribeStacks": _unconfirmed(_CFN),
     "cloudwatch:GetMetricData": Quota(
         50,
@@ -483,10 +488,15 @@ def cli_logs_follow(
 
 def cli_jobs(executions_read: int = MAX_LISTED) -> dict[str, float]:
     """One `jobs`, as one minute: ListExecutions pages (boto3's default of 100 a page, not
-    confirmed) and a DescribeExecution for each execution it reads (MAX_LISTED at most)."""
+    confirmed) and a DescribeExecution for each execution it reads (MAX_LISTED at most); for
+    the running job one Insights query of every node's progress (StartQuery, and
+    GetQueryResults every STRAGGLER_QUERY_POLL s for at most STRAGGLER_QUERY_SECONDS:
+    scripts/cluster_lib/stragglers.py), whatever the node count."""
     return {
         "states:ListExecutions": math.ceil(executions_read / HISTORY_PAGE),
         "states:DescribeExecution": executions_read,
+        "logs:StartQuery": 1,
+        "logs:GetQueryResults": STRAGGLER_QUERY_SECONDS / STRAGGLER_QUERY_POLL + 1,
     }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,6 +45,7 @@ from scripts.cluster_lib.job_inputs import JobInputs
 from scripts.cluster_lib.logs import LogFollower, job_output_window, metrics_stream
 from scripts.cluster_lib.progress import Progress, duration, read, summarize
 from scripts.cluster_lib.queue import JobQueue
+from scripts.cluster_lib.stragglers import behind_line, read_nodes
 from stacks import supervisor_limits as limits
 
 #: The failure names the state machine ends with (stacks/supervisor.py).
@@ -91,6 +93,8 @@ class JobRow:
     #: What happened, oldest first: each retry with its causes, each new leg, each long wait
     #: for nodes, and the failure that ended the job (story_of).
     story: list[str] = field(default_factory=list)
+    #: While it runs: the nodes whose progress lags the others' (stragglers.py), or None.
+    behind: str | None = None
 
 
 def story_of(chain: list[Pair]) -> list[str]:
@@ -437,6 +441,8 @@ class Jobs:
                     window = job_output_window(command, latest.values())
                     with contextlib.suppress(*UNKNOWN_FIELD):
                         row.progress = self._progress(node, window)
+                    if status == "RUNNING":
+                        row.behind = self._behind(window)
             rows.append(row)
         # The time between one job's end and the next one's start, with the group's nodes.
         for newer, older in itertools.pairwise(rows):
@@ -493,6 +499,20 @@ class Jobs:
         )
         records, _ = read(event["message"] for event in events)
         return summarize(records)
+
+    def _behind(self, window: tuple[int, int | None]) -> str | None:
+        """The line naming the nodes whose progress lags the others' in a running job's
+        `window` (one CloudWatch Logs Insights query: stragglers.py), or None."""
+        log_group = self.cluster.outputs()["TrainingLogGroupName"]
+        with aws_errors("querying the nodes' progress"):
+            nodes = read_nodes(
+                self.cluster.logs.client,
+                log_group,
+                window,
+                now=time.time,
+                sleep=self.cluster.patience.sleep,
+            )
+        return behind_line(nodes)
 
     def queued_rows(self) -> list[JobRow]:
         """One row per queued job, next to start first: status QUEUED and its position."""
@@ -560,6 +580,8 @@ def rows_text(rows: list[JobRow]) -> Iterator[str]:
             f"{r.attempts:>8} {r.retries:>7} {r.legs:>4} {p.step:>12} {p.rate:>8} {p.eta:>8} "
             f"{r.cost:>11}  {p.metrics}"
         )
+        if r.behind:
+            yield f"    {r.behind}"
         for line in r.story:
             yield f"    {line}"
         for line in r.costs:

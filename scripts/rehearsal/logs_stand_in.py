@@ -16,7 +16,9 @@ with CloudWatchOutputEnabled, and the nodes' job logs, as the CloudWatch agent s
 
 from __future__ import annotations
 
+import json
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,8 @@ def _messages(text: str) -> list[str]:
 
 class LogsStandIn:
     """DescribeLogStreams, GetLogEvents and FilterLogEvents over the commands' output files
-    and the nodes' job logs."""
+    and the nodes' job logs; StartQuery and GetQueryResults for the one Insights query the CLI
+    sends (scripts/cluster_lib/stragglers.py QUERY), refusing any other."""
 
     def __init__(self, ssm: SsmStandIn, *, training_log_group: str | None = None) -> None:
         self.ssm = ssm
@@ -53,6 +56,9 @@ class LogsStandIn:
         #: What the CloudWatch agent has shipped: stream -> events; and where it left each file.
         self._shipped: dict[str, list[Event]] = {}
         self._offsets: dict[Path, int] = {}
+        #: Insights queries started: query ID -> (group, start, end in ms) and their polls.
+        self._queries: dict[str, tuple[str, int, int]] = {}
+        self._polled: dict[str, int] = {}
 
     def _ship(self) -> None:
         """Reads on each node's newest job log per folder, as the CloudWatch agent does."""
@@ -167,3 +173,66 @@ class LogsStandIn:
         if start + size < len(events):
             result["nextToken"] = str(start + size)
         return result
+
+    def _logs_StartQuery(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Only stragglers.QUERY over one group: anything else is refused, as a query this
+        stand-in cannot evaluate must not pass for one it can."""
+        from scripts.cluster_lib.stragglers import QUERY
+
+        if params.get("queryString") != QUERY or not params.get("logGroupName"):
+            raise LocalError(
+                "MalformedQueryException",
+                "the rehearsal evaluates only the nodes'-progress query of "
+                "scripts/cluster_lib/stragglers.py, over one log group",
+            )
+        query_id = str(uuid.uuid4())
+        # startTime and endTime: seconds since the epoch (StartQuery, botocore's logs model);
+        # both ends inside.
+        window = (params["logGroupName"], params["startTime"] * 1000, params["endTime"] * 1000)
+        self._queries[query_id] = window
+        return {"queryId": query_id}
+
+    def _logs_GetQueryResults(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A query runs a while: the first poll finds it Running, the next Complete with every
+        metrics stream's max(step) and max(time), each value a string."""
+        query_id = params["queryId"]
+        if query_id not in self._queries:
+            raise LocalError("ResourceNotFoundException", f"query {query_id} does not exist")
+        self._polled[query_id] = self._polled.get(query_id, 0) + 1
+        if self._polled[query_id] == 1:
+            return {"results": [], "status": "Running"}
+        group, start, end = self._queries[query_id]
+        rows, scanned, matched = [], 0, 0
+        for name, source in sorted(self._streams(group).items()):
+            events = [e for e in self._events(source) if start <= e["timestamp"] <= end]
+            scanned += len(events)
+            if not name.endswith("/metrics"):
+                continue
+            steps, times = [], []
+            for event in events:
+                try:
+                    line = json.loads(event["message"])
+                except ValueError:
+                    continue
+                if not isinstance(line, dict) or not _number(line.get("step")):
+                    continue
+                matched += 1
+                steps.append(line["step"])
+                if _number(line.get("time")):
+                    times.append(line["time"])
+            if not steps:
+                continue
+            row = [
+                {"field": "@logStream", "value": name},
+                {"field": "step", "value": str(max(steps))},
+            ]
+            if times:
+                row.append({"field": "at", "value": str(max(times))})
+            rows.append(row)
+        statistics = {"recordsMatched": float(matched), "recordsScanned": float(scanned),
+                      "bytesScanned": 0.0}  # fmt: skip
+        return {"results": rows, "statistics": statistics, "status": "Complete"}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
