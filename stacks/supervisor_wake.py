@@ -129,18 +129,8 @@ def park(
     child has been woken fewer than WAKE_BUDGET times, a callback on the wake queue, at most
     $.Job.PollSeconds; then, or without a queue, a plain Wait of PollSeconds."""
     p = document
-    plain = sfn.Wait(scope, f"{p}WaitPlain", time=sfn.WaitTime.seconds_path("$.Job.PollSeconds"))
-    plain.next(poll)
-    choice = sfn.Choice(scope, f"{p}Wait")
-    if queue is None:
-        return choice.otherwise(plain)
-    wake = _callback(scope, f"{p}WaitForWake", p, queue, "$.Job.PollSeconds")
-    wake.add_catch(poll, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
-    wake.add_catch(plain, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-    wake.next(_woken(scope, f"{p}Woken")).next(poll)
-    return choice.when(
-        sfn.Condition.number_greater_than_equals("$.Alive.Woken", WAKE_BUDGET), plain
-    ).otherwise(wake)
+    names = (f"{p}Wait", f"{p}WaitPlain", f"{p}WaitForWake", f"{p}Woken")
+    return _parked(scope, p, queue, names, "$.Job.PollSeconds", timed_out=poll, woken=poll)
 
 
 def park_grace(
@@ -162,17 +152,34 @@ def park_grace(
         result_path="$.Grace",
     )
     over.next(poll)
-    plain = sfn.Wait(
-        scope, f"{p}WaitGrace", time=sfn.WaitTime.seconds_path("$.Job.FailureGraceSeconds")
-    )
-    plain.next(over)
-    choice = sfn.Choice(scope, f"{p}GraceWait")
+    names = (f"{p}GraceWait", f"{p}WaitGrace", f"{p}GraceForWake", f"{p}GraceWoken")
+    return _parked(scope, p, queue, names, "$.Job.FailureGraceSeconds", timed_out=over, woken=poll)
+
+
+def _parked(
+    scope: Construct,
+    document: str,
+    queue: sqs.IQueue | None,
+    names: tuple[str, str, str, str],
+    seconds: str,
+    *,
+    timed_out: sfn.IChainable,
+    woken: sfn.IChainable,
+) -> sfn.Choice:
+    """A wait of `seconds` (a path) that a wake ends early: the Choice, the plain Wait, the
+    callback and the Pass that counts a wake are `names`. A wait that ran its length goes on
+    to `timed_out`, a woken one to `woken`; a failed send, a child past WAKE_BUDGET wakes and a
+    cluster without a queue wait plainly."""
+    choice_id, plain_id, wake_id, woken_id = names
+    plain = sfn.Wait(scope, plain_id, time=sfn.WaitTime.seconds_path(seconds))
+    plain.next(timed_out)
+    choice = sfn.Choice(scope, choice_id)
     if queue is None:
         return choice.otherwise(plain)
-    wake = _callback(scope, f"{p}GraceForWake", p, queue, "$.Job.FailureGraceSeconds")
-    wake.add_catch(over, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
+    wake = _callback(scope, wake_id, document, queue, seconds)
+    wake.add_catch(timed_out, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
     wake.add_catch(plain, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-    wake.next(_woken(scope, f"{p}GraceWoken")).next(poll)
+    wake.next(_woken(scope, woken_id)).next(woken)
     return choice.when(
         sfn.Condition.number_greater_than_equals("$.Alive.Woken", WAKE_BUDGET), plain
     ).otherwise(wake)
