@@ -36,7 +36,7 @@ The wake (stacks/supervisor_wake.py): EventBridge starts one execution of the wa
 machine per matching event (events:Invocations, states:StartExecution), a Preflight or
 RunTraining invocation that ended or a node the group terminates; so an attempt's end at N nodes
 starts N of them within seconds. Each receives the wake queue's messages (sqs:ReceiveMessage,
-twice when the queue is empty: before and after Settle) and, for each parked child's message,
+twice when the queue is empty: at once, and a long poll after) and, for each parked child's message,
 SendTaskSuccess and sqs:DeleteMessage; the children's tokens are taken by whichever executions
 receive them first, so the tokens cost once per attempt's end however many events there are.
 
@@ -123,14 +123,14 @@ CHILD_END_STATES, RESULTS_PAGE_STATES = 11, 5
 #: ClaimSlot, NotifyStart); from NodesReady to a Distributed Map (NodesReady, CountAttempt).
 AFTER_ATTEMPT_STATES, JOB_START_STATES, ATTEMPT_START_STATES = 19, 6, 2
 #: The wake's states: an execution that finds the queue empty (FirstRound, Receive, AnyMessages,
-#: Settle, Settled, Receive, AnyMessages, Woken); each round that received messages (WakeEach,
+#: Settled, SettleReceive, AnyMessages, Woken); each round that received messages (WakeEach,
 #: CountRound, MoreRounds, Receive, AnyMessages); each message (SendTaskSuccess, DeleteMessage).
 #: tests/test_api_rates.py counts them in the synthesized wake definition.
-WAKE_EMPTY_STATES, WAKE_ROUND_STATES, WAKE_TOKEN_STATES = 8, 5, 2
+WAKE_EMPTY_STATES, WAKE_ROUND_STATES, WAKE_TOKEN_STATES = 7, 5, 2
 #: Messages one ReceiveMessage returns at most (stacks/supervisor_wake.RECEIVE_MAX; the SQS API
 #: reference's MaxNumberOfMessages).
 RECEIVE_MAX = 10
-#: ReceiveMessage calls of a wake that finds the queue empty (before and after Settle).
+#: ReceiveMessage calls of a wake that finds the queue empty (Receive, then SettleReceive).
 WAKE_EMPTY_RECEIVES = 2
 #: `jobs`' query of the nodes' progress: at most this long, polled this often
 #: (scripts/cluster_lib/stragglers.py QUERY_SECONDS, POLL_SECONDS; the tests check they agree).

@@ -30,8 +30,9 @@ EventBridge rules on what ends a poll's wait early:
   event says so at once.
 
 It receives the queue's messages (ReceiveMessage, up to 10 a round, at most WAKE_ROUNDS rounds,
-and once more SETTLE after the queue was empty: a child that was polling when the event came,
-its poll perhaps read just before the change, has parked again by then), sends each message's
+and once more after the queue was empty, a long poll of up to SETTLE_SECONDS that returns as
+soon as a message comes: a child that was polling when the event came, its poll perhaps read
+just before the change, parks a moment later), sends each message's
 task token SendTaskSuccess (a token whose wait has already timed out or
 ended is refused with TaskTimedOut, InvalidToken or TaskDoesNotExist: ignored) and deletes the
 message. Every child parked at the time polls at once: its own batch's event or another's, the
@@ -84,9 +85,10 @@ MAX_POLL_SECONDS = 3600
 #: How long SQS keeps a message (60 s to 14 days, SQS API reference, MessageRetentionPeriod):
 #: a parked child's message must outlive the longest wait.
 RETENTION = cdk.Duration.seconds(MAX_POLL_SECONDS + 300)
-#: How long after the queue was found empty the wake looks once more (a child that polled while
-#: the event came parks again within a poll's few seconds).
-SETTLE = cdk.Duration.seconds(3)
+#: How long, once the queue was found empty, the wake waits for a message still to come (a
+#: child that polled while the event came parks a few state transitions later; under load,
+#: longer): SQS's longest long poll (ReceiveMessage WaitTimeSeconds, 0 to 20, SQS API reference).
+SETTLE_SECONDS = 20
 #: A received message that is not deleted (the wake failed midway) is seen again after this.
 VISIBILITY = cdk.Duration.seconds(30)
 #: Step Functions' names for SendTaskSuccess's refusals of a token that no longer waits
@@ -343,18 +345,22 @@ class SupervisorWake(Construct):
         queue_url = self.queue.queue_url
         start = sfn.Pass(self, "FirstRound", result=sfn.Result.from_object({"N": 0}),
                          result_path="$.Round")  # fmt: skip
-        receive = self._sdk(
-            "Receive",
-            ("sqs", "receiveMessage", "sqs:ReceiveMessage"),
-            {
-                "QueueUrl": queue_url,
-                "MaxNumberOfMessages": RECEIVE_MAX,
-                "WaitTimeSeconds": RECEIVE_WAIT_SECONDS,
-            },
-            [self.queue.queue_arn],
-            result_selector={"Messages": sfn.JsonPath.list_at("$.Messages[*]")},
-            result_path="$.Received",
-        )
+
+        def receive_for(construct_id: str, wait_seconds: int) -> tasks.CallAwsService:
+            return self._sdk(
+                construct_id,
+                ("sqs", "receiveMessage", "sqs:ReceiveMessage"),
+                {
+                    "QueueUrl": queue_url,
+                    "MaxNumberOfMessages": RECEIVE_MAX,
+                    "WaitTimeSeconds": wait_seconds,
+                },
+                [self.queue.queue_arn],
+                result_selector={"Messages": sfn.JsonPath.list_at("$.Messages[*]")},
+                result_path="$.Received",
+            )
+
+        receive = receive_for("Receive", RECEIVE_WAIT_SECONDS)
         each = sfn.Map(
             self,
             "WakeEach",
@@ -392,17 +398,18 @@ class SupervisorWake(Construct):
         )
         more = sfn.Choice(self, "MoreRounds")
         done = sfn.Succeed(self, "Woken")
-        # A child that was polling when the event came parks again a moment later, its poll
-        # perhaps read before the change: one more look once the queue was empty.
-        settle = sfn.Wait(self, "Settle", time=sfn.WaitTime.duration(SETTLE))
+        # A child that was polling when the event came parks a moment later, its poll perhaps
+        # read before the change: once the queue was found empty, one long poll waits up to
+        # SETTLE_SECONDS for such a message and returns as soon as one is there.
         settled = sfn.Pass(self, "Settled", result=sfn.Result.from_boolean(True),
                            result_path="$.Settled")  # fmt: skip
+        settle = receive_for("SettleReceive", SETTLE_SECONDS)
         any_messages = sfn.Choice(self, "AnyMessages")
         start.next(receive).next(any_messages)
         any_messages.when(sfn.Condition.is_present("$.Received.Messages[0]"), each).when(
             sfn.Condition.is_present("$.Settled"), done
-        ).otherwise(settle)
-        settle.next(settled).next(receive)
+        ).otherwise(settled)
+        settled.next(settle).next(any_messages)
         each.next(count).next(more)
         more.when(sfn.Condition.number_less_than("$.Round.N", WAKE_ROUNDS), receive).otherwise(done)
         return start

@@ -65,6 +65,8 @@ class ScaleReport:
     jobs_seconds: float = 0.0
     executions: list[str] = field(default_factory=list)
     final_status: str = ""
+    #: The last execution's error and cause, when it did not succeed.
+    final_cause: str = ""
     largest_payload: int = 0
     largest_payload_state: str = ""
     job_events: list[int] = field(default_factory=list)
@@ -83,7 +85,8 @@ class ScaleReport:
 
     def lines(self) -> list[str]:
         return [
-            f"{self.nodes} nodes: job {self.final_status} after {len(self.executions)} executions",
+            f"{self.nodes} nodes: job {self.final_status} after {len(self.executions)} executions"
+            + (f" ({self.final_cause})" if self.final_cause else ""),
             f"  train to every node launched: {self.launch_seconds:.1f} s ({len(self.real_ranks)}"
             f" launches by the real launch.sh, ranks {sorted(r for _, r, _ in self.real_ranks)})",
             f"  a node's death to every node running again: {self.retry_seconds:.1f} s",
@@ -234,6 +237,8 @@ def rehearse(
                 raise TimeoutError(f"the job still runs after {timeout} s")
             time.sleep(0.2)
         report.final_status = described["status"]
+        if described["status"] != "SUCCEEDED":
+            report.final_cause = f"{described.get('error', '')}: {described.get('cause', '')}"
         report.executions = [a.rsplit(":", 1)[1] for a in chain]
         histories = {a.rsplit(":", 1)[1]: _history(client, a) for a in chain}
         histories.update(
