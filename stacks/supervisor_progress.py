@@ -14,6 +14,9 @@ permission on the nodes):
   deadline moves to the seconds waited so far plus HangSeconds, or CompileHangSeconds when that
   minute's highest step is a compiling line's (JobStep with Phase=compiling: a datapoint is a
   minute's Maximum, so a minute that holds the compile's end and the first steps is training);
+  so is the same minute and step turning into a compiling line's after a training line was
+  seen there (the phase seen is kept in $.Progress.Phase): a compile after training steps gets
+  the compile limit;
 - no progress by the deadline (counted in polls, as the poll's own limit is) ends the attempt:
   the cause says "no progress since step N at T", the batch's command is cancelled and so are
   the other batches' (as after a node that ended: stacks/supervisor_run.py), and the workflow
@@ -53,6 +56,7 @@ def initial_progress() -> dict[str, Any]:
     return {
         "At": sfn.JsonPath.string_at("$.Nodes.Since"),
         "Step": -1,
+        "Phase": "compiling",
         "Deadline": sfn.JsonPath.number_at("$.Job.CompileHangSeconds"),
         "NextRead": 0,
     }
@@ -152,13 +156,14 @@ def watch_progress(
         "$.Alive.Waited", "$.Progress.Deadline"
     )
 
-    def progressed(name: str, limit: str) -> sfn.Pass:
+    def progressed(name: str, limit: str, phase: str) -> sfn.Pass:
         return sfn.Pass(
             t.scope,
             f"{p}{name}",
             parameters={
                 "At": sfn.JsonPath.string_at("$.Read.Times[0]"),
                 "Step": sfn.JsonPath.number_at("$.Read.Steps[0]"),
+                "Phase": phase,
                 "Deadline.$": f"States.MathAdd($.Alive.Waited, {limit})",
                 "NextRead.$": _next_read(),
             },
@@ -172,6 +177,7 @@ def watch_progress(
         parameters={
             "At": sfn.JsonPath.string_at("$.Progress.At"),
             "Step": sfn.JsonPath.number_at("$.Progress.Step"),
+            "Phase": sfn.JsonPath.string_at("$.Progress.Phase"),
             "Deadline": sfn.JsonPath.number_at("$.Progress.Deadline"),
             "NextRead.$": _next_read(),
         },
@@ -204,13 +210,23 @@ def watch_progress(
     no_line.next(hang)
     stalled.next(hang)
     quiet.next(wait)
-    training = progressed("Progressed", "$.Job.HangSeconds").next(wait)
-    phase.when(
-        compiling, progressed("ProgressedCompiling", "$.Job.CompileHangSeconds").next(wait)
-    ).otherwise(training)
+    training = progressed("Progressed", "$.Job.HangSeconds", "training").next(wait)
+    recompiled = progressed("ProgressedCompiling", "$.Job.CompileHangSeconds", "compiling")
+    recompiled.next(wait)
+    phase.when(compiling, recompiled).otherwise(training)
+    # The same minute and step as the newest seen, now a compiling line's (a graph compiled
+    # after training steps: an evaluation's, a new shape's): no new step, but a new phase, so
+    # the compile limit from now ($.Progress.Phase keeps the phase of what was seen).
+    recompiling = sfn.Choice(t.scope, f"{p}ProgressRecompiling")
+    recompiling.when(
+        sfn.Condition.and_(compiling, sfn.Condition.string_equals("$.Progress.Phase", "training")),
+        recompiled,
+    ).when(past_deadline, still).otherwise(quiet)
     made.when(
         sfn.Condition.and_(new, sfn.Condition.is_present("$.Read.CompilingTimes[0]")), phase
-    ).when(new, training).when(past_deadline, still).otherwise(quiet)
+    ).when(new, training).when(
+        sfn.Condition.is_present("$.Read.CompilingTimes[0]"), recompiling
+    ).when(past_deadline, still).otherwise(quiet)
     seen.when(sfn.Condition.is_present("$.Read.Times[0]"), made).when(
         past_deadline, still
     ).otherwise(quiet)

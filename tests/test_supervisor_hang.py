@@ -122,7 +122,8 @@ def test_a_job_that_stops_stepping_is_ended_and_retried_from_its_checkpoint(
 
 #: The reader's states after its GetMetricData (stacks/supervisor_progress.py), run alone.
 READER = ["ProgressSeen", "ProgressMade", "ProgressPhase", "Progressed", "ProgressedCompiling",
-          "ProgressQuiet", "NoProgress", "NoProgressLine", "ProgressStalled"]  # fmt: skip
+          "ProgressRecompiling", "ProgressQuiet", "NoProgress", "NoProgressLine",
+          "ProgressStalled"]  # fmt: skip
 
 
 def read_progress(default: Synth, given: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -180,19 +181,21 @@ def test_a_job_that_compiles_past_the_training_limit_is_not_hung(default: Synth)
     limit, and the job compiling past HangSeconds (but within CompileHangSeconds) is polled
     again, not ended; a minute that holds the compile's end and the first steps gives the
     training limit; past the compile limit the attempt ends, "no progress since step N at T"."""
-    start = {"At": "2026-11-26T06:30:00.000Z", "Step": -1, "Deadline": 10800, "NextRead": 0}
+    start = {"At": "2026-11-26T06:30:00.000Z", "Step": -1, "Phase": "compiling",
+             "Deadline": 10800, "NextRead": 0}  # fmt: skip
     compiling = {"Times": [MINUTE], "Steps": [0.0],
                  "CompilingTimes": [MINUTE], "CompilingSteps": [0.0]}  # fmt: skip
     where, state = read_progress(default, _given(compiling, start, 100))
     assert where == "RunTrainingWait", where
-    assert state["Progress"] == {"At": MINUTE, "Step": 0.0, "Deadline": 100 + 10800,
-                                 "NextRead": 100 + 600}  # fmt: skip
+    assert state["Progress"] == {"At": MINUTE, "Step": 0.0, "Phase": "compiling",
+                                 "Deadline": 100 + 10800, "NextRead": 100 + 600}  # fmt: skip
     # Nothing new for longer than HangSeconds: still compiling, polled again, the next read
     # ProgressReadSeconds later.
     quiet = _given(compiling, state["Progress"], 100 + 1800 + 60)
     where, state = read_progress(default, quiet)
     assert where == "RunTrainingWait", where
-    assert state["Progress"] == {"At": MINUTE, "Step": 0.0, "Deadline": 100 + 10800,
+    assert state["Progress"] == {"At": MINUTE, "Step": 0.0, "Phase": "compiling",
+                                 "Deadline": 100 + 10800,
                                  "NextRead": 100 + 1800 + 60 + 600}  # fmt: skip
     # The compile's end and step 5 in one minute: training, the training limit.
     mixed = {"Times": [NEXT, MINUTE], "Steps": [5.0, 0.0],
@@ -202,8 +205,26 @@ def test_a_job_that_compiles_past_the_training_limit_is_not_hung(default: Synth)
     # No compiling line in the window at all: training.
     steps = {"Times": [NEXT], "Steps": [9.0], "CompilingTimes": [], "CompilingSteps": []}
     where, state = read_progress(default, _given(steps, state["Progress"], 2100))
-    assert state["Progress"] == {"At": NEXT, "Step": 9.0, "Deadline": 2100 + 1800,
+    assert state["Progress"] == {"At": NEXT, "Step": 9.0, "Phase": "training",
+                                 "Deadline": 2100 + 1800,
                                  "NextRead": 2100 + 600}, state  # fmt: skip
+    # A compile after training steps (an evaluation's graph) whose line falls in the same
+    # minute and at the same step as the newest training line: no new step, a new phase, so
+    # the compile limit from now; past HangSeconds it is polled again, not ended.
+    seen = {"At": NEXT, "Step": 9.0, "Phase": "training", "Deadline": 2100 + 1800,
+            "NextRead": 2100 + 600}  # fmt: skip
+    recompiling = {"Times": [NEXT], "Steps": [9.0],
+                   "CompilingTimes": [NEXT], "CompilingSteps": [9.0]}  # fmt: skip
+    where, state = read_progress(default, _given(recompiling, seen, 2700))
+    assert where == "RunTrainingWait", where
+    assert state["Progress"] == {"At": NEXT, "Step": 9.0, "Phase": "compiling",
+                                 "Deadline": 2700 + 10800,
+                                 "NextRead": 2700 + 600}, state  # fmt: skip
+    where, state = read_progress(default, _given(recompiling, state["Progress"], 2700 + 1900))
+    assert where == "RunTrainingWait" and state["Progress"]["Deadline"] == 2700 + 10800, state
+    # Without the phase kept, the same read past HangSeconds ended the attempt as hung.
+    where, state = read_progress(default, _given(recompiling, seen, 2100 + 1800))
+    assert where == "RunTrainingWait" and state["Progress"]["Phase"] == "compiling", state
     # Past the compile limit with nothing new: the attempt ends, its cause in $.Hang.
     where, state = read_progress(default, _given(compiling, {**start, "At": MINUTE, "Step": 0},
                                                  10800))  # fmt: skip
@@ -218,7 +239,8 @@ def test_a_job_with_no_progress_line_yet_is_ended_only_past_the_compile_limit(
     with empty Timestamps and Values: botocore's cloudwatch model): within CompileHangSeconds of
     the nodes being ready the reader waits for the next read; past it the attempt ends, "no
     progress since the nodes were ready"."""
-    start = {"At": "2026-11-26T06:30:00.000Z", "Step": -1, "Deadline": 10800, "NextRead": 0}
+    start = {"At": "2026-11-26T06:30:00.000Z", "Step": -1, "Phase": "compiling",
+             "Deadline": 10800, "NextRead": 0}  # fmt: skip
     nothing = {"Times": [], "Steps": [], "CompilingTimes": [], "CompilingSteps": []}
     where, state = read_progress(default, _given(nothing, start, 5000))
     assert where == "RunTrainingWait", where
