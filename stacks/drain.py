@@ -148,9 +148,6 @@ class CapacityDrain(Construct):
             timeout=cdk.Duration.hours(1),
             comment=f"{config.cluster_name}: stops the running job before the block ends",
         )
-        machine = self.state_machine.node.default_child
-        assert isinstance(machine, cdk.CfnResource)
-        machine.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         at = drain_time(config)
         events.Rule(
             self,

@@ -132,9 +132,6 @@ class JobDispatcher(Construct):
             log_group=self.log_group,
             comment=f"{config.cluster_name}: starts the next queued job when the cluster is free",
         )
-        machine = self.state_machine.node.default_child
-        assert isinstance(machine, cdk.CfnResource)
-        machine.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         events.Rule(
             self,
             "SupervisorEndedRule",

@@ -42,8 +42,11 @@ def logged_state_machine(
     timeout: cdk.Duration | None = None,
 ) -> sfn.StateMachine:
     """The Standard state machine `name` (construct "StateMachine"): every event logged with
-    the execution data, traced."""
-    return sfn.StateMachine(
+    the execution data, traced. aws-cdk-lib makes it depend on its role and the role's policy,
+    and also reads the role's ARN: cfn-lint W3005 calls the first dependency redundant. It is
+    harmless, and the policy dependency (which no GetAtt gives) must stay, so the check is
+    turned off on this resource only."""
+    machine = sfn.StateMachine(
         scope,
         "StateMachine",
         state_machine_name=name,
@@ -57,3 +60,7 @@ def logged_state_machine(
         timeout=timeout,
         comment=comment,
     )
+    resource = machine.node.default_child
+    assert isinstance(resource, cdk.CfnResource)
+    resource.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
+    return machine

@@ -257,9 +257,6 @@ class SupervisorWake(Construct):
             timeout=cdk.Duration.minutes(5),
             comment=f"{config.cluster_name}: wakes the job supervisor's parked polls",
         )
-        machine = self.state_machine.node.default_child
-        assert isinstance(machine, cdk.CfnResource)
-        machine.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         # Reading the queue's messages decrypts them with the operations key.
         key.grant_decrypt(self.role)
         events.Rule(
