@@ -8,6 +8,9 @@ TimeoutSecondsPath, stacks/supervisor_wake.py) pops a value it never pushed and,
 adjustment, records "'>' not supported between instances of 'dict' and 'int'" as the state's
 TaskFailed in the aborted execution's history: a failure the supervisor's fault tests then
 count (a child aborted when another batch's child failed the map run).
+
+It also parses one definition at a time: moto's parser shares state between parses, and the
+wake's executions start by the thousand.
 """
 
 from __future__ import annotations
@@ -112,3 +115,33 @@ def test_moto_alone_records_the_stopped_task_as_failed(
     TaskFailed, and the execution ends FAILED."""
     status, types = _stopped_while_sending(*held_send)
     assert "TaskFailed" in types and status == "FAILED", (status, types)
+
+
+def test_definitions_are_parsed_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto's Preprocessor keeps its scopes' query languages in a class attribute shared by
+    every parse: two parses at once pop each other's (an execution's thread then dies with
+    IndexError before its first state). Under the rehearsal's adjustment every parse runs
+    holding PARSE_LOCK."""
+    from moto.stepfunctions.parser.asl.parse import asl_parser, preprocessor
+
+    from scripts.rehearsal.supervisor import PARSE_LOCK, parses_one_at_a_time
+
+    # The shared state the lock guards: one list for every Preprocessor.
+    assert "_query_language_per_scope" in vars(preprocessor.Preprocessor)
+    assert preprocessor.Preprocessor()._query_language_per_scope is (
+        preprocessor.Preprocessor()._query_language_per_scope
+    )
+    held: list[bool] = []
+    visit = preprocessor.Preprocessor.visitState_machine  # once a parse, at the tree's root
+
+    def watched(self: Any, ctx: Any) -> Any:
+        held.append(PARSE_LOCK.locked())
+        return visit(self, ctx)
+
+    monkeypatch.setattr(preprocessor.Preprocessor, "visitState_machine", watched)
+    definition = json.dumps({"StartAt": "A", "States": {"A": {"Type": "Succeed"}}})
+    asl_parser.AmazonStateLanguageParser.parse(definition)
+    with parses_one_at_a_time():
+        asl_parser.AmazonStateLanguageParser.parse(definition)
+    asl_parser.AmazonStateLanguageParser.parse(definition)
+    assert held == [False, True, False], held

@@ -435,6 +435,35 @@ def stops_stay_stopped() -> Iterator[None]:
         ExecutionState._evaluate_with_timeout = evaluate  # type: ignore[method-assign]
 
 
+#: Held while moto parses a definition (parses_one_at_a_time).
+PARSE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def parses_one_at_a_time() -> Iterator[None]:
+    """moto's interpreter, parsing one definition at a time. Its Preprocessor keeps the query
+    language of each scope in a list that is a class attribute, shared by every parse
+    (moto/stepfunctions/parser/asl/parse/preprocessor.py, _query_language_per_scope), so
+    executions started together (the wake's, one per ended invocation: 1,024 at once at the
+    end of an attempt at 1,024 nodes) pop each other's scopes and an execution's thread dies
+    with "IndexError: list index out of range" before its first state, leaving it RUNNING
+    forever. Step Functions starts every execution it accepts."""
+    from moto.stepfunctions.parser.asl.parse import asl_parser
+
+    parser = asl_parser.AmazonStateLanguageParser
+    original = parser.parse
+
+    def parse(definition: str) -> Any:
+        with PARSE_LOCK:
+            return original(definition)
+
+    parser.parse = staticmethod(parse)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        parser.parse = staticmethod(original)  # type: ignore[method-assign]
+
+
 #: Step Functions names an AWS SDK integration's error ServiceName.ErrorName, both in PascalCase,
 #: with the Exception suffix (developer guide, "supported-services-awssdk"): SSM's
 #: InvalidInstanceId is Ssm.InvalidInstanceIdException. moto knows the service part for
@@ -512,6 +541,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         map_run_failures(),
         sdk_error_names(),
         stops_stay_stopped(),
+        parses_one_at_a_time(),
     ):
         paths.enter_context(patch)
     queues = contextlib.ExitStack()
