@@ -95,6 +95,12 @@ with open(out / f"rank-{rank}.json", "w") as f:
 # a peer's gloo transport still works on the last vote can abort it ("terminate called").
 dist.barrier()
 dist.destroy_process_group()
+# What is checked is done and written. gloo's teardown at the interpreter's exit sometimes ends
+# the last rank of the one-group vote in std::terminate ("terminate called without an active
+# exception", status -6, about 1 run in 8 here), after every collective has ended: leave
+# without the interpreter's teardown.
+sys.stdout.flush()
+os._exit(0)
 """
 
 
