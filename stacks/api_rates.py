@@ -132,6 +132,10 @@ WAKE_EMPTY_STATES, WAKE_ROUND_STATES, WAKE_TOKEN_STATES = 7, 5, 2
 RECEIVE_MAX = 10
 #: ReceiveMessage calls of a wake that finds the queue empty (Receive, then SettleReceive).
 WAKE_EMPTY_RECEIVES = 2
+#: How long the wake queue keeps a message (stacks/supervisor_wake.RETENTION_SECONDS): a wait
+#: that runs out leaves its message there until a wake refuses its token and deletes it, so
+#: each child leaves up to one stale message per PollSeconds of that long.
+WAKE_RETENTION_SECONDS = 3900
 #: `jobs`' query of the nodes' progress: at most this long, polled this often
 #: (scripts/cluster_lib/stragglers.py QUERY_SECONDS, POLL_SECONDS; the tests check they agree).
 STRAGGLER_QUERY_SECONDS, STRAGGLER_QUERY_POLL = 60, 2
@@ -384,24 +388,32 @@ def attempt_end(node_count: int, document: str) -> Counter[str]:
     return calls
 
 
-def wake(events: int, parked: int) -> Counter[str]:
+def wake(events: int, parked: int, stale: int = 0) -> Counter[str]:
     """`events` matching events, each starting a wake execution (EventBridge's invocation and
-    a StartExecution), and the `parked` children's messages they find: each execution that
-    finds the queue empty receives twice and ends; the messages are received ten a round and
-    each woken (SendTaskSuccess) and deleted once."""
-    rounds = math.ceil(parked / RECEIVE_MAX)
+    a StartExecution), and the `parked` children's messages they find, with `stale` ones of
+    waits that ran out: each execution that finds the queue empty receives twice and ends; the
+    messages are received ten a round, and each sent SendTaskSuccess (a stale one's refused)
+    and deleted once."""
+    messages = parked + stale
+    rounds = math.ceil(messages / RECEIVE_MAX)
     return Counter(
         {
             "events:Invocations": events,
             "states:StartExecution": events,
             "sqs:ReceiveMessage": WAKE_EMPTY_RECEIVES * events + rounds,
-            "states:SendTaskSuccess": parked,
-            "sqs:DeleteMessage": parked,
+            "states:SendTaskSuccess": messages,
+            "sqs:DeleteMessage": messages,
             TRANSITIONS: WAKE_EMPTY_STATES * events
             + WAKE_ROUND_STATES * rounds
-            + WAKE_TOKEN_STATES * parked,
+            + WAKE_TOKEN_STATES * messages,
         }
     )
+
+
+def stale_messages(node_count: int, poll_seconds: float) -> int:
+    """The most stale messages in the wake queue: every child's waits that ran out within the
+    queue's retention, one per PollSeconds."""
+    return batches(node_count) * math.ceil(WAKE_RETENTION_SECONDS / poll_seconds)
 
 
 def _polls_per_minute(poll_seconds: float) -> int:
@@ -423,12 +435,12 @@ def supervisor_minutes(node_count: int, poll_seconds: float) -> dict[str, Counte
         "the last poll for nodes and Preflight's start": waiting + attempt_start(node_count),
         "Preflight's end and RunTraining's start": running
         + attempt_end(node_count, "Preflight")
-        + wake(node_count, batches(node_count))
+        + wake(node_count, batches(node_count), stale_messages(node_count, poll_seconds))
         + attempt_start(node_count),
         "RunTraining's polls": running,
         "RunTraining's end, a retry and the next poll for nodes": running
         + attempt_end(node_count, "RunTraining")
-        + wake(node_count, batches(node_count))
+        + wake(node_count, batches(node_count), stale_messages(node_count, poll_seconds))
         + job_start()
         + waiting,
     }

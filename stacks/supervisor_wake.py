@@ -29,18 +29,31 @@ EventBridge rules on what ends a poll's wait early:
   unhealthy) waits in Terminating:Wait under its termination hook (stacks/compute.py), and the
   event says so at once.
 
-It receives the queue's messages (ReceiveMessage, up to 10 a round, at most WAKE_ROUNDS rounds,
-and once more after the queue was empty, a long poll of up to SETTLE_SECONDS that returns as
-soon as a message comes: a child that was polling when the event came, its poll perhaps read
-just before the change, parks a moment later), sends each message's
-task token SendTaskSuccess (a token whose wait has already timed out or
-ended is refused with TaskTimedOut, InvalidToken or TaskDoesNotExist: ignored) and deletes the
-message. Every child parked at the time polls at once: its own batch's event or another's, the
-poll finds out.
+It receives the queue's messages (ReceiveMessage, up to 10 a round, rounds until the queue
+answers empty, at most WAKE_ROUNDS, and once more after the queue was empty, a long poll of up
+to SETTLE_SECONDS that returns as soon as a message comes: a child that was polling when the
+event came, its poll perhaps read just before the change, parks a moment later), sends each
+message's task token SendTaskSuccess (a token whose wait has already timed out or ended is
+refused with TaskTimedOut, InvalidToken or TaskDoesNotExist: ignored) and deletes the message.
+Every child parked at the time polls at once: its own batch's event or another's, the poll
+finds out.
+
+A park's message is delayed PARK_DELAY seconds (SendMessage DelaySeconds: no receive returns it
+before then). A woken child that finds nothing new parks again at once; without the delay the
+same wake's next round received that message and woke it again, round after round, and a few
+events spent a child's WAKE_BUDGET in seconds (after which it waits PollSeconds between polls).
+With it, a child is woken at most once per PARK_DELAY, however many events come: a burst of
+them (every node's invocation ending together) costs it a poll or two, each seeing the events
+so far. A child that parked less than PARK_DELAY before an event is woken by that event's
+settle, which waits longer than the delay (SETTLE_SECONDS > PARK_DELAY); so is a child woken by
+the wake's first round, once more after PARK_DELAY (seeing whatever else came meanwhile).
 
 Stale messages: a child whose wait timed out leaves its message behind. The next wake refuses
 its token and deletes it; until then it stays at most RETENTION (the longest PollSeconds the CLI
 allows and a margin: a parked child's message must outlive its wait), after which SQS drops it.
+Older messages come first (SQS standard queues: best-effort order), so a wake drains them to
+reach the live ones: WAKE_ROUNDS is enough for the stale messages of every child of the
+largest cluster at the default PollSeconds.
 """
 
 from __future__ import annotations
@@ -61,7 +74,7 @@ from constructs import Construct
 from stacks.config import MAX_NODES, ClusterConfig
 from stacks.nag import acknowledge
 from stacks.state_machines import logged_state_machine, role_and_log_group
-from stacks.supervisor_limits import WAKE_BUDGET, batches
+from stacks.supervisor_limits import DEFAULT_POLL_SECONDS, WAKE_BUDGET, batches
 
 #: The documents whose invocations' ends wake the polls.
 WAKE_DOCUMENTS = ("Preflight", "RunTraining")
@@ -73,9 +86,6 @@ INVOCATION_EVENT = "EC2 Command Invocation Status-change Notification"
 TERMINATE_EVENT = "EC2 Instance-terminate Lifecycle Action"
 #: ReceiveMessage returns at most 10 messages (SQS API reference, MaxNumberOfMessages).
 RECEIVE_MAX = 10
-#: The rounds of ReceiveMessage one wake makes: every batch's child of the largest cluster
-#: parked at once, and one round more for the stale messages among them.
-WAKE_ROUNDS = math.ceil(batches(MAX_NODES) / RECEIVE_MAX) + 1
 #: ReceiveMessage's long poll (seconds): SQS then asks every server, where a short poll samples
 #: some and may answer empty while messages wait (SQS developer guide, "Amazon SQS short and
 #: long polling").
@@ -84,7 +94,18 @@ RECEIVE_WAIT_SECONDS = 1
 MAX_POLL_SECONDS = 3600
 #: How long SQS keeps a message (60 s to 14 days, SQS API reference, MessageRetentionPeriod):
 #: a parked child's message must outlive the longest wait.
-RETENTION = cdk.Duration.seconds(MAX_POLL_SECONDS + 300)
+RETENTION_SECONDS = MAX_POLL_SECONDS + 300
+RETENTION = cdk.Duration.seconds(RETENTION_SECONDS)
+#: The stale messages one child leaves in the queue at most, at the default PollSeconds: one per
+#: wait that ran out within RETENTION.
+STALE_PER_CHILD = math.ceil(RETENTION_SECONDS / DEFAULT_POLL_SECONDS)
+#: The rounds of ReceiveMessage one wake makes at most: every batch's child of the largest
+#: cluster parked, each with its stale messages, and one round more that finds the queue empty.
+#: Past it (shorter PollSeconds leave more), the next wakes drain the rest.
+WAKE_ROUNDS = math.ceil(batches(MAX_NODES) * (STALE_PER_CHILD + 1) / RECEIVE_MAX) + 1
+#: How long a park's message stays invisible after it is sent (SendMessage DelaySeconds, 0 to
+#: 900: SQS API reference): the least time between two wakes of one child (see above).
+PARK_DELAY = 5
 #: How long, once the queue was found empty, the wake waits for a message still to come (a
 #: child that polled while the event came parks a few state transitions later; under load,
 #: longer): SQS's longest long poll (ReceiveMessage WaitTimeSeconds, 0 to 20, SQS API reference).
@@ -204,6 +225,7 @@ def _callback(
                 "CommandId": sfn.JsonPath.string_at("$.Command.CommandId"),
             }
         ),
+        delay=cdk.Duration.seconds(PARK_DELAY),
         task_timeout=sfn.Timeout.at(timeout),
         result_path=sfn.JsonPath.DISCARD,
     )

@@ -77,29 +77,38 @@ MIN_POLL = {n: min_poll_seconds(n) for n in (64, 256, 1024)}
 def test_the_worst_minute_at_64_256_and_1024_nodes() -> None:
     """Every batch's child polls in the same second (the Distributed Maps start them together),
     so a worst minute holds one poll of every batch whatever PollSeconds is (194 s and more):
-    the figures are the same at the minimum and the default."""
+    the figures are the same at the minimum and the default, but for the wake's, which read
+    the stale messages of the waits that ran out (one per child per PollSeconds within the
+    queue's retention: more at the shorter poll)."""
     expected = {
         64: {"ssm:SendCommand": 2, "ssm:ListCommands": 3, "ec2:DescribeTags": 1,
              "autoscaling:DescribeAutoScalingInstances": 5, "ec2:DescribeNetworkInterfaces": 3,
-             "autoscaling:SetInstanceHealth": 64, rates.TRANSITIONS: 946, "sqs:SendMessage": 2,
-             "cloudwatch:GetMetricData": 1, "events:Invocations": 64,
-             "sqs:ReceiveMessage": 129, "states:SendTaskSuccess": 2, "sqs:DeleteMessage": 2},
+             "autoscaling:SetInstanceHealth": 64, "sqs:SendMessage": 2,
+             "cloudwatch:GetMetricData": 1, "events:Invocations": 64},
         256: {"ssm:SendCommand": 6, "ssm:ListCommands": 7, "ec2:DescribeTags": 2,
               "autoscaling:DescribeAutoScalingInstances": 17, "ec2:DescribeNetworkInterfaces": 11,
-              "autoscaling:SetInstanceHealth": 256, rates.TRANSITIONS: 3594, "sqs:SendMessage": 6,
-              "cloudwatch:GetMetricData": 1, "events:Invocations": 256,
-              "sqs:ReceiveMessage": 513, "states:SendTaskSuccess": 6, "sqs:DeleteMessage": 6},
+              "autoscaling:SetInstanceHealth": 256, "sqs:SendMessage": 6,
+              "cloudwatch:GetMetricData": 1, "events:Invocations": 256},
         1024: {"ssm:SendCommand": 21, "ssm:ListCommands": 22, "ec2:DescribeTags": 5,
                "autoscaling:DescribeAutoScalingInstances": 62, "ec2:DescribeNetworkInterfaces": 41,
-               "autoscaling:SetInstanceHealth": 1024, rates.TRANSITIONS: 14155,
-               "sqs:SendMessage": 21, "cloudwatch:GetMetricData": 1,
-               "events:Invocations": 1024, "sqs:ReceiveMessage": 2051,
-               "states:SendTaskSuccess": 21, "sqs:DeleteMessage": 21},
+               "autoscaling:SetInstanceHealth": 1024, "sqs:SendMessage": 21,
+               "cloudwatch:GetMetricData": 1, "events:Invocations": 1024},
     }  # fmt: skip
+    # (ReceiveMessage, SendTaskSuccess and DeleteMessage, transitions) at the minimum poll and
+    # at the default: stale messages 2 x 20 and 2 x 13 at 64 nodes, 21 x 20 and 21 x 13 at 1,024.
+    waking = {
+        64: [(133, 42, 1046), (131, 28, 1008)],
+        256: [(525, 126, 3894), (521, 84, 3790)],
+        1024: [(2093, 441, 15205), (2078, 294, 14836)],
+    }
     for nodes, figures in expected.items():
-        for poll in (MIN_POLL[nodes], DEFAULT_POLL_SECONDS):
+        for poll, wake in zip((MIN_POLL[nodes], DEFAULT_POLL_SECONDS), waking[nodes], strict=True):
             worst = rates.worst_minute(nodes, poll)
             assert {a: worst[a] for a in figures} == figures, (nodes, poll, worst)
+            receive, tokens, transitions = wake
+            assert worst["sqs:ReceiveMessage"] == receive, (nodes, poll)
+            assert worst["states:SendTaskSuccess"] == worst["sqs:DeleteMessage"] == tokens
+            assert worst[rates.TRANSITIONS] == transitions, (nodes, poll)
     worst = rates.worst_minute(1024, MIN_POLL[1024])
     # An attempt's end: 1,024 invocations end, EventBridge starts a wake for each (and the
     # job's successor is started), against StartExecution's 150 a second and bucket of 800.
@@ -150,10 +159,12 @@ def test_at_1024_nodes_and_the_shortest_poll_the_supervisor_keeps_to_every_docum
     assert flagged == [
         ("supervisor", "autoscaling:DescribeAutoScalingInstances", 62),
         ("supervisor", "autoscaling:SetInstanceHealth", 1024),
-        ("supervisor", "sqs:ReceiveMessage", 2051),
+        ("supervisor", "sqs:DeleteMessage", 441),
+        ("supervisor", "sqs:ReceiveMessage", 2093),
         ("supervisor + train", "autoscaling:DescribeAutoScalingInstances", 62),
         ("supervisor + train", "autoscaling:SetInstanceHealth", 1024),
-        ("supervisor + train", "sqs:ReceiveMessage", 2051),
+        ("supervisor + train", "sqs:DeleteMessage", 441),
+        ("supervisor + train", "sqs:ReceiveMessage", 2093),
     ], flagged
     for action, calls in rates.worst_minute(1024, MIN_POLL[1024]).items():
         if rates.QUOTAS[action].confirmed:
@@ -295,3 +306,11 @@ def test_the_model_counts_what_the_wake_calls() -> None:
         "sqs:ReceiveMessage": 2 * 1024 + 3, "states:SendTaskSuccess": 21,
         "sqs:DeleteMessage": 21, rates.TRANSITIONS: 7 * 1024 + 5 * 3 + 2 * 21,
     }  # fmt: skip
+    # Stale messages (waits that ran out) are received, refused and deleted as parked ones are:
+    # at the default poll, 13 a child within the queue's retention.
+    assert rates.WAKE_RETENTION_SECONDS == supervisor_wake.RETENTION_SECONDS
+    assert rates.stale_messages(1024, 300) == 21 * 13
+    assert rates.wake(1024, 21, 21 * 13)["sqs:ReceiveMessage"] == 2 * 1024 + 30
+    assert rates.wake(1024, 21, 21 * 13)["states:SendTaskSuccess"] == 21 * 14
+    # The wake drains them all at the default poll (WAKE_ROUNDS, with one empty round).
+    assert math.ceil((rates.stale_messages(1024, 300) + 21) / 10) + 1 == supervisor_wake.WAKE_ROUNDS

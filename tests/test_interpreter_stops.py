@@ -10,13 +10,17 @@ TaskFailed in the aborted execution's history: a failure the supervisor's fault 
 count (a child aborted when another batch's child failed the map run).
 
 It also parses one definition at a time: moto's parser shares state between parses, and the
-wake's executions start by the thousand.
+wake's executions start by the thousand; and, looking for a task token's owner, it passes over
+an execution still waiting to parse (RUNNING, but without an environment yet), where moto alone
+fails the SendTaskSuccess.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,3 +149,74 @@ def test_definitions_are_parsed_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -
         asl_parser.AmazonStateLanguageParser.parse(definition)
     asl_parser.AmazonStateLanguageParser.parse(definition)
     assert held == [False, True, False], held
+
+
+def _token_sent_past_an_unstarted_execution(adjusted: bool) -> tuple[str, str]:
+    """An execution parked on a task token, and another started while every parse waits
+    (PARSE_LOCK held): RUNNING, its worker without an environment yet. SendTaskSuccess for the
+    parked one's token: (the send's outcome, the parked execution's status once it ends)."""
+    from moto import mock_aws
+
+    from scripts.rehearsal.supervisor import (
+        PARSE_LOCK,
+        parses_one_at_a_time,
+        unstarted_executions_hold_no_tokens,
+    )
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock_aws(config={"stepfunctions": {"execute_state_machine": True}}))
+        stack.enter_context(parses_one_at_a_time())
+        if adjusted:
+            stack.enter_context(unstarted_executions_hold_no_tokens())
+        sqs = boto3.client("sqs", region_name=REGION)
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        url = sqs.create_queue(QueueName="wake")["QueueUrl"]
+        role = "arn:aws:iam::123456789012:role/test"
+        # Created first: the backend looks through the state machines in this order.
+        later = sfn.create_state_machine(
+            name="later", roleArn=role,
+            definition=json.dumps({"StartAt": "A", "States": {"A": {"Type": "Succeed"}}}),
+        )["stateMachineArn"]  # fmt: skip
+        park = {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+            "Parameters": {"QueueUrl": url, "MessageBody": {"TaskToken.$": "$$.Task.Token"}},
+            "TimeoutSeconds": WAIT,
+            "End": True,
+        }
+        parked = sfn.create_state_machine(
+            name="park", roleArn=role,
+            definition=json.dumps({"StartAt": "Park", "States": {"Park": park}}),
+        )["stateMachineArn"]  # fmt: skip
+        execution = sfn.start_execution(stateMachineArn=parked)["executionArn"]
+        (message,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=20)["Messages"]
+        token = json.loads(message["Body"])["TaskToken"]
+        with PARSE_LOCK:
+            waiting = sfn.start_execution(stateMachineArn=later)["executionArn"]
+            assert sfn.describe_execution(executionArn=waiting)["status"] == "RUNNING"
+            try:
+                sfn.send_task_success(taskToken=token, output="{}")
+                outcome = "sent"
+            except Exception as error:  # what moto alone raises
+                outcome = f"{type(error).__name__}: {error}"
+        deadline = time.monotonic() + WAIT
+        if outcome != "sent":  # once the other execution has ended, the token is found
+            while sfn.describe_execution(executionArn=waiting)["status"] == "RUNNING":
+                assert time.monotonic() < deadline, "the other execution never ended"
+                time.sleep(0.05)
+            sfn.send_task_success(taskToken=token, output="{}")
+        while (status := sfn.describe_execution(executionArn=execution)["status"]) == "RUNNING":
+            assert time.monotonic() < deadline, "the parked execution never ended"
+            time.sleep(0.05)
+        return outcome, status
+
+
+def test_a_token_is_found_while_another_execution_is_still_parsing() -> None:
+    assert _token_sent_past_an_unstarted_execution(adjusted=True) == ("sent", "SUCCEEDED")
+
+
+def test_moto_alone_fails_the_send_on_the_execution_still_parsing() -> None:
+    """What the adjustment is for: moto reads the environment of every RUNNING execution, and
+    one still parsing has none."""
+    outcome, _ = _token_sent_past_an_unstarted_execution(adjusted=False)
+    assert "callback_pool_manager" in outcome, outcome

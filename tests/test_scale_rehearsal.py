@@ -83,6 +83,8 @@ def test_one_job_on_1024_simulated_nodes_survives_a_node_dying(tmp_path: Path) -
     report = rehearse(NODES, tmp_path, synthesized=(name, template))
     print("\n" + "\n".join(report.lines()))
     assert report.final_status == "SUCCEEDED", report.lines()
+    # Every wake ended well: one that fails leaves the messages it received unanswered.
+    assert "FAILED" not in report.wakes, report.lines()
     # The attempt the death ended, handed over for the retry, and the one that finished.
     assert len(report.executions) == 2, report.executions
     assert report.notifications.count(f"trainium-cluster {name}: job scale-rehearsal retry") <= 1

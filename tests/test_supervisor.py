@@ -22,6 +22,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
@@ -675,6 +676,20 @@ class Supervisor:
             if "stateEnteredEventDetails" in e
         ]
 
+    def timeline(self, arn: str, since: float) -> str:
+        """Every state entered after `since` (a time.time()) by the job's executions and their
+        Distributed Maps' children, one line each: seconds after `since`, which execution,
+        the state (what a test that measures a wait names when the wait ran long)."""
+        named = [(f"job {n}", self.events(a)) for n, a in enumerate(self.chain(arn))]
+        named += [(f"map run {n}", events) for n, events in enumerate(self.child_events())]
+        lines = sorted(
+            (_seconds(e["timestamp"]) - since, who, e["stateEnteredEventDetails"]["name"])
+            for who, events in named
+            for e in events
+            if "stateEnteredEventDetails" in e and _seconds(e["timestamp"]) >= since
+        )
+        return "\n".join(f"{t:8.1f} s  {who}: {state}" for t, who, state in lines)
+
     def trace(self, arn: str) -> str:
         events = self.events(self.chain(arn)[-1])
         lines = []
@@ -682,6 +697,14 @@ class Supervisor:
             details = {k: v for k, v in event.items() if k.endswith("EventDetails")}
             lines.append(f"{event['type']} {json.dumps(details, default=str)[:400]}")
         return "\n".join(lines)
+
+
+def _seconds(timestamp: datetime | str) -> float:
+    """A history event's time: a datetime through boto3, ISO 8601 text in UTC ("...Z") from
+    moto's event manager (a Distributed Map's children)."""
+    if isinstance(timestamp, str):
+        timestamp = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return timestamp.timestamp()
 
 
 def _name(event: dict[str, Any]) -> str | None:

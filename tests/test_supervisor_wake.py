@@ -25,6 +25,7 @@ import pytest
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
 from scripts.rehearsal.job_queue import matches
+from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
 from scripts.rehearsal.wake import invocation_event, terminate_event
 from stacks.supervisor_limits import (
@@ -33,9 +34,16 @@ from stacks.supervisor_limits import (
     EVENTS_PER_WAKE,
     WAKE_BUDGET,
 )
-from stacks.supervisor_wake import INVOCATION_ENDED, WAKE_ROUNDS
-from tests.cdk_support import Synth
-from tests.test_supervisor import Supervisor, _name, default
+from stacks.supervisor_wake import (
+    INVOCATION_ENDED,
+    PARK_DELAY,
+    RETENTION_SECONDS,
+    SETTLE_SECONDS,
+    STALE_PER_CHILD,
+    WAKE_ROUNDS,
+)
+from tests.cdk_support import Synth, synth
+from tests.test_supervisor import Supervisor, _name, _seconds, default, placeholder_refs, states
 from tests.test_supervisor_faults import ended
 
 __all__ = ["default"]  # the default cluster's synth, a fixture of test_supervisor
@@ -143,9 +151,81 @@ def test_the_rules_match_the_events_that_end_a_wait_and_no_others(default: Synth
 
 
 def test_the_wake_reads_every_parked_child_of_the_largest_cluster() -> None:
-    """1,024 nodes are 21 batches, each a child parked with one message: three rounds of 10,
-    and one more for stale messages among them."""
-    assert WAKE_ROUNDS == 4
+    """1,024 nodes are 21 batches, each a child parked with one message and, at the default
+    PollSeconds (300 s), up to 13 stale ones: one per wait that ran out within the queue's
+    retention (3,900 s: the longest PollSeconds, 3,600 s, and 300). Older messages come first,
+    so the wake reads them all: 21 x 14 = 294 messages, 30 rounds of 10, and one that finds
+    the queue empty. The definition's loop allows that many (MoreRounds)."""
+    assert (RETENTION_SECONDS, STALE_PER_CHILD) == (3900, 13)
+    assert WAKE_ROUNDS == 31
+    template = synth(node_count="1024").templates["operations"]
+    wake = machine_definition(template, placeholder_refs(template), construct="JobSupervisorWake")
+    (more,) = wake["States"]["MoreRounds"]["Choices"]
+    assert more["NumericLessThan"] == WAKE_ROUNDS
+
+
+def test_every_park_is_delayed_less_than_the_wake_settles(default: Synth) -> None:
+    """Every wait on the wake queue (the polls' and the grace's, of both documents) sends its
+    message with DelaySeconds PARK_DELAY, within SQS's 0 to 900, and shorter than the wake's
+    long poll once the queue was empty (SETTLE_SECONDS, its WaitTimeSeconds)."""
+    template = default.templates["operations"]
+    machine = machine_definition(template, placeholder_refs(template))
+    parks = {
+        name: state
+        for name, state in states(machine)
+        if state.get("Resource") == "arn:aws:states:::sqs:sendMessage.waitForTaskToken"
+    }
+    assert sorted(parks) == sorted(
+        f"{d}{w}" for d in ("Preflight", "RunTraining") for w in ("WaitForWake", "GraceForWake")
+    )
+    assert {s["Parameters"]["DelaySeconds"] for s in parks.values()} == {PARK_DELAY}
+    assert 0 < PARK_DELAY <= 900 and PARK_DELAY < SETTLE_SECONDS
+    wake = machine_definition(template, placeholder_refs(template), construct="JobSupervisorWake")
+    assert wake["States"]["SettleReceive"]["Parameters"]["WaitTimeSeconds"] == SETTLE_SECONDS
+
+
+@pytest.mark.slow
+def test_a_burst_of_events_wakes_a_child_at_most_once_per_park_delay(
+    tmp_path: Path, default: Synth
+) -> None:
+    """Twelve nodes' invocations end one after another, half a second apart, at PollSeconds and
+    FailureGraceSeconds 600:
+    twelve events, twelve wakes. Each woken wait of RunTraining's child lasted at least
+    PARK_DELAY (its message was invisible until then), so the burst costs the child a few polls,
+    not its WAKE_BUDGET; and the job ends within PROMPT of the last end. Without the delay each
+    wake woke the child again every round it received the message it had just parked with:
+    wakes milliseconds apart, the budget spent within the burst, and the last end seen only at
+    the next timed poll, ten minutes later."""
+    nodes = 12
+    cluster = synth(node_count=str(nodes))
+    with simulated(tmp_path, cluster, nodes) as (cloud, agents, supervisor):
+        # Only events end a wait here: a grace as long as the poll.
+        execution = supervisor.start("burst", MaxRetries=0, **{**SLOW, "FailureGraceSeconds": 600})
+        agents.wait_launched(nodes, PROMPT)
+        for instance in cloud.running():
+            agents.fail(instance, 0)  # a node whose training ended well
+            time.sleep(0.5)  # the burst's pace: what the wake must cope with, not a bound
+        last = time.monotonic()
+        assert ended(supervisor, execution, PROMPT) == "SUCCEEDED", supervisor.trace(execution)
+        seconds = time.monotonic() - last
+        (events,) = supervisor.child_events("RunTraining")
+        entered = [(e, _name(e)) for e in events if e["type"].endswith("StateEntered")]
+        parked = None
+        waits = []
+        for event, name in entered:
+            # The polls' waits, and the grace's once the first node's invocation has ended.
+            if name in ("RunTrainingWaitForWake", "RunTrainingGraceForWake"):
+                parked = _seconds(event["timestamp"])
+            elif name in ("RunTrainingWoken", "RunTrainingGraceWoken") and parked is not None:
+                waits.append(_seconds(event["timestamp"]) - parked)
+                parked = None
+        assert waits, "the child was never woken"
+        assert min(waits) >= PARK_DELAY, waits
+        assert len(waits) < WAKE_BUDGET
+        assert len(cloud.wake.delivered) >= nodes
+        print(f"\n{len(cloud.wake.delivered)} events, the child woken {len(waits)} times "
+              f"(waits {', '.join(f'{w:.1f}' for w in waits)} s); the job ended {seconds:.1f} s "
+              f"after the last node's end at PollSeconds 600")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -251,21 +331,33 @@ def _polls(events: list[dict[str, Any]], document: str) -> list[list[dict[str, A
     return [events[a:b] for a, b in itertools.pairwise(starts)]
 
 
+def _parked_tokens(events: list[dict[str, Any]], document: str) -> list[str]:
+    """The task tokens a child parked with, in order: each <Document>WaitForWake's message
+    (its TaskScheduled event's parameters, with the token resolved)."""
+    tokens = []
+    for event in events:
+        details = event.get("taskScheduledEventDetails")
+        if details and '"TaskToken"' in details.get("parameters", ""):
+            body = json.loads(details["parameters"])["MessageBody"]
+            tokens.append((json.loads(body) if isinstance(body, str) else body)["TaskToken"])
+    return tokens
+
+
 @pytest.mark.slow
 def test_polls_and_wakes_write_what_the_history_budget_assumes(
     tmp_path: Path, default: Synth
 ) -> None:
-    """A running RunTraining's child, woken again and again (the wake started by hand, as a
-    herd of events would): each woken poll writes EVENTS_PER_WAKE events, each timed one
-    EVENTS_PER_POLL (PollSeconds 2 here), and after WAKE_BUDGET wakes the child waits
-    PollSeconds between polls, however often the wake runs."""
+    """A running RunTraining's child, woken again and again (each token it parks with is sent
+    SendTaskSuccess at once, as a herd of wakes would: the wake's own pace is
+    test_a_burst_of_events_wakes_a_child_at_most_once_per_park_delay's): each woken poll writes
+    EVENTS_PER_WAKE events, each timed one EVENTS_PER_POLL (PollSeconds 8 here), and after
+    WAKE_BUDGET wakes the child waits PollSeconds between polls: it parks on the queue no more."""
     nodes = default.config.node_count
-    settings = {**SLOW, "PollSeconds": 2}
+    settings = {**SLOW, "PollSeconds": 8}
     with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
         execution = supervisor.start("herd", MaxRetries=0, **settings)
         agents.wait_launched(nodes, PROMPT)
         client = cloud.session().client("stepfunctions")
-        wake = cloud.wake.machine
 
         def child() -> list[dict[str, Any]]:
             (events,) = supervisor.child_events("RunTraining")
@@ -277,19 +369,35 @@ def test_polls_and_wakes_write_what_the_history_budget_assumes(
                 for p in _polls(child(), "RunTraining")
             )
 
-        # A timed poll first (PollSeconds 2): a whole poll in the history that no wake began.
+        # A timed poll first (PollSeconds 8): a whole poll in the history that no wake began.
         deadline = time.monotonic() + PROMPT
         while not timed_poll():
             assert time.monotonic() < deadline, "no timed poll"
             time.sleep(0.1)
-        for n in range(WAKE_BUDGET + 3):
-            before = len(child())
-            client.start_execution(stateMachineArn=wake, name=f"wake-{n}", input="{}")
-            deadline = time.monotonic() + 30
-            while len(child()) == before:
-                assert time.monotonic() < deadline
+
+        def entered(state: str) -> int:
+            return sum(_name(e) == state and e["type"].endswith("StateEntered") for e in child())
+
+        sent: set[str] = set()
+        deadline = time.monotonic() + 10 * PROMPT
+        while entered("RunTrainingWoken") < WAKE_BUDGET:
+            assert time.monotonic() < deadline, f"woken {entered('RunTrainingWoken')} times"
+            fresh = [t for t in _parked_tokens(child(), "RunTraining") if t not in sent]
+            if not fresh:
                 time.sleep(0.05)
-            time.sleep(0.3)
+                continue
+            sent.add(fresh[-1])
+            # A token whose wait ran out meanwhile is refused, as it would be a wake's.
+            with contextlib.suppress(client.exceptions.TaskTimedOut,
+                                     client.exceptions.InvalidToken):  # fmt: skip
+                client.send_task_success(taskToken=fresh[-1], output="{}")
+        # Past the budget the child parks no more: two plain waits follow, and no token.
+        parked = len(_parked_tokens(child(), "RunTraining"))
+        deadline = time.monotonic() + PROMPT
+        while entered("RunTrainingWaitPlain") < 2:
+            assert time.monotonic() < deadline, "no plain wait after the budget"
+            time.sleep(0.1)
+        assert len(_parked_tokens(child(), "RunTraining")) == parked
         agents.finish()
         assert ended(supervisor, execution, PROMPT) == "SUCCEEDED", supervisor.trace(execution)
         polls = _polls(child(), "RunTraining")

@@ -322,7 +322,10 @@ class SimulatedAgents:
         if item is None:
             return False
         root = item.invocation.instance.root
-        (root / f"{item.command_id}.exit").write_text(f"{code}\n")
+        # Written whole, then renamed: the stand-in reads the file as soon as it exists, and a
+        # file created but not yet written reads empty (`exit ""` in bash is status 2, which
+        # launch.sh reports as 1: a job failed at random, more often the busier the machine).
+        _write_text(root / f"{item.command_id}.exit", f"{code}\n")
         return True
 
     def _end(self, key: str, code: int, *, ending: str = "") -> None:
@@ -417,6 +420,11 @@ class SimulatedAgents:
 
 
 def _write(path: Path, value: dict[str, Any]) -> None:
+    _write_text(path, json.dumps(value))
+
+
+def _write_text(path: Path, text: str) -> None:
+    """`text` in `path`, which a reader sees whole or not at all."""
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(value))
+    partial.write_text(text)
     partial.replace(path)

@@ -75,6 +75,10 @@ class ScaleReport:
     map_runs: list[tuple[int, int]] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
     notifications: list[str] = field(default_factory=list)
+    #: The wake executions (one per event: stacks/supervisor_wake.py) by status, and the first
+    #: failed one's failure events.
+    wakes: dict[str, int] = field(default_factory=dict)
+    wake_failure: list[str] = field(default_factory=list)
     #: The real nodes' (--nnodes, --node_rank, position in the host list), both attempts.
     real_ranks: list[tuple[int, int, int]] = field(default_factory=list)
 
@@ -96,6 +100,8 @@ class ScaleReport:
             f"  history events: the job's executions {self.job_events}; a batch's child "
             f"execution at most {self.most_child_events:,} (quota {HISTORY_LIMIT:,} each)",
             "  AWS calls: " + ", ".join(f"{a} {n}" for a, n in sorted(self.calls.items())),
+            "  wake executions: " + ", ".join(f"{n} {s}" for s, n in sorted(self.wakes.items())),
+            *(f"  a failed wake: {line}" for line in self.wake_failure),
         ]
 
 
@@ -255,6 +261,17 @@ def rehearse(
                     report.largest_payload, report.largest_payload_state = size, state
         report.calls = dict(Counter(itertools.islice(cloud.calls, first_call, None)))
         report.notifications = [n["Subject"] for n in cloud.notifications]
+        if cloud.wake is not None:
+            outcomes = cloud.wake.outcomes()
+            report.wakes = dict(Counter(line.split(": ", 1)[1].split()[0] for line in outcomes
+                                        if not line.startswith(" ")))  # fmt: skip
+            failed = [n for n, line in enumerate(outcomes) if ": FAILED" in line]
+            if failed:
+                at = failed[0]
+                report.wake_failure = [
+                    outcomes[at],
+                    *itertools.takewhile(lambda line: line.startswith(" "), outcomes[at + 1 :]),
+                ]
     return report
 
 

@@ -464,6 +464,35 @@ def parses_one_at_a_time() -> Iterator[None]:
         parser.parse = staticmethod(original)  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def unstarted_executions_hold_no_tokens() -> Iterator[None]:
+    """moto's interpreter, passing over an execution that has not begun evaluating when it
+    looks for a task token's owner (SendTaskSuccess, SendTaskFailure, SendTaskHeartbeat) or a
+    map run. An execution is RUNNING from StartExecution on, but its worker makes its
+    environment only after parsing the definition (ExecutionWorker._execution_logic, moto 5.2),
+    one parse at a time here (parses_one_at_a_time); meanwhile the backend reads
+    `exec_worker.env` of every RUNNING execution and fails with "'NoneType' object has no
+    attribute 'callback_pool_manager'". A wake's SendTaskSuccess failed so, as States.Runtime,
+    while another wake was starting: the message it had received stayed invisible and its child
+    waited a whole PollSeconds. On AWS an execution that has not begun holds no task token."""
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend as backend
+
+    original = backend._get_executions
+
+    def get_executions(self: Any, execution_status: Any = None) -> list[Any]:
+        return [
+            e
+            for e in original(self, execution_status)
+            if e.exec_worker is not None and e.exec_worker.env is not None
+        ]
+
+    backend._get_executions = get_executions  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        backend._get_executions = original  # type: ignore[method-assign]
+
+
 #: Step Functions names an AWS SDK integration's error ServiceName.ErrorName, both in PascalCase,
 #: with the Exception suffix (developer guide, "supported-services-awssdk"): SSM's
 #: InvalidInstanceId is Ssm.InvalidInstanceIdException. moto knows the service part for
@@ -542,6 +571,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         sdk_error_names(),
         stops_stay_stopped(),
         parses_one_at_a_time(),
+        unstarted_executions_hold_no_tokens(),
     ):
         paths.enter_context(patch)
     queues = contextlib.ExitStack()

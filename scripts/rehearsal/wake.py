@@ -167,12 +167,44 @@ class WakeRules:
         self._running = in_service
         return found
 
+    def outcomes(self) -> list[str]:
+        """Each wake execution's status, with its error and cause where it did not succeed, in
+        the order the events came (what a rehearsal whose poll was not woken looks at)."""
+        client = self.session.client("stepfunctions", region_name=self.cloud.region)
+        pages = client.get_paginator("list_executions").paginate(stateMachineArn=self.machine)
+        status = {e["name"]: e["status"] for page in pages for e in page["executions"]}
+        lines = []
+        for event in self.delivered:
+            detail = event["detail"]
+            line = (f"{event['time'][11:19]} {event['detail-type']} "
+                    f"{detail.get('status') or detail.get('EC2InstanceId', '')}: "
+                    f"{status.get(event['id'], 'not started')}")  # fmt: skip
+            if status.get(event["id"]) != "FAILED":
+                lines.append(line)
+                continue
+            arn = f"{self.machine.replace(':stateMachine:', ':execution:', 1)}:{event['id']}"
+            described = client.describe_execution(executionArn=arn)
+            lines.append(f"{line} {described.get('error', '')} {described.get('cause', '')[:200]}")
+            lines += [f"  {failure}" for failure in _failures(client, arn)]
+        return lines
+
     def deliver(self, client: Any, event: dict[str, Any]) -> None:
         if not self.enabled or not any(matches(p, event) for p in self.patterns):
             return
         client.start_execution(stateMachineArn=self.machine, name=event["id"],
                                input=json.dumps(event))  # fmt: skip
         self.delivered.append(event)
+
+
+def _failures(client: Any, arn: str) -> list[str]:
+    """The failure events of an execution's history, with their error and cause."""
+    found = []
+    for event in client.get_execution_history(executionArn=arn, maxResults=1000)["events"]:
+        for key, details in event.items():
+            if key.endswith("EventDetails") and "Failed" in key:
+                found.append(f"{event['type']}: {details.get('error', '')} "
+                             f"{str(details.get('cause', ''))[:400]}")  # fmt: skip
+    return found
 
 
 @contextlib.contextmanager
