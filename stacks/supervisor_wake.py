@@ -46,7 +46,9 @@ With it, a child is woken at most once per PARK_DELAY, however many events come:
 them (every node's invocation ending together) costs it a poll or two, each seeing the events
 so far. A child that parked less than PARK_DELAY before an event is woken by that event's
 settle, which waits longer than the delay (SETTLE_SECONDS > PARK_DELAY); so is a child woken by
-the wake's first round, once more after PARK_DELAY (seeing whatever else came meanwhile).
+the wake's first round, once more after PARK_DELAY (seeing whatever else came meanwhile). A
+wait of PARK_DELAY or less (PollSeconds 5, say) is a plain Wait: no wake could end it early,
+and its message would only be read and refused.
 
 Stale messages: a child whose wait timed out leaves its message behind. The next wake refuses
 its token and deletes it; until then it stays at most RETENTION (the longest PollSeconds the CLI
@@ -191,8 +193,8 @@ def _parked(
 ) -> sfn.Choice:
     """A wait of `seconds` (a path) that a wake ends early: the Choice, the plain Wait, the
     callback and the Pass that counts a wake are `names`. A wait that ran its length goes on
-    to `timed_out`, a woken one to `woken`; a failed send, a child past WAKE_BUDGET wakes and a
-    cluster without a queue wait plainly."""
+    to `timed_out`, a woken one to `woken`; a failed send, a child past WAKE_BUDGET wakes, a
+    wait of PARK_DELAY or less and a cluster without a queue wait plainly."""
     choice_id, plain_id, wake_id, woken_id = names
     plain = sfn.Wait(scope, plain_id, time=sfn.WaitTime.seconds_path(seconds))
     plain.next(timed_out)
@@ -203,8 +205,14 @@ def _parked(
     wake.add_catch(timed_out, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
     wake.add_catch(plain, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
     wake.next(_woken(scope, woken_id)).next(woken)
+    # A wait no longer than PARK_DELAY cannot be woken (its message is seen only as it ends):
+    # plain, so that it leaves no message behind for the wakes to read and refuse.
     return choice.when(
-        sfn.Condition.number_greater_than_equals("$.Alive.Woken", WAKE_BUDGET), plain
+        sfn.Condition.or_(
+            sfn.Condition.number_greater_than_equals("$.Alive.Woken", WAKE_BUDGET),
+            sfn.Condition.number_less_than_equals(seconds, PARK_DELAY),
+        ),
+        plain,
     ).otherwise(wake)
 
 

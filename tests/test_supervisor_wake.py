@@ -184,6 +184,48 @@ def test_every_park_is_delayed_less_than_the_wake_settles(default: Synth) -> Non
     assert wake["States"]["SettleReceive"]["Parameters"]["WaitTimeSeconds"] == SETTLE_SECONDS
 
 
+def test_a_wait_no_longer_than_the_park_delay_is_plain(default: Synth) -> None:
+    """Each park's Choice sends a wait of PARK_DELAY or less (its own seconds: PollSeconds, or
+    FailureGraceSeconds for the grace) to the plain Wait, as it does a child past its budget:
+    no wake could end such a wait early, and each would leave a stale message behind (one a
+    second at PollSeconds 1) for every wake to read and refuse."""
+    template = default.templates["operations"]
+    found = dict(states(machine_definition(template, placeholder_refs(template))))
+    for document in ("Preflight", "RunTraining"):
+        for choice, plain, seconds in (
+            ("Wait", "WaitPlain", "$.Job.PollSeconds"),
+            ("GraceWait", "WaitGrace", "$.Job.FailureGraceSeconds"),
+        ):
+            (rule,) = found[f"{document}{choice}"]["Choices"]
+            assert rule["Next"] == f"{document}{plain}", rule
+            assert {"Variable": seconds, "NumericLessThanEquals": PARK_DELAY} in rule["Or"], rule
+            assert {"Variable": "$.Alive.Woken", "NumericGreaterThanEquals": WAKE_BUDGET} in (
+                rule["Or"]
+            ), rule
+
+
+@pytest.mark.slow
+def test_a_short_poll_never_parks_on_the_queue(tmp_path: Path, default: Synth) -> None:
+    """PollSeconds and FailureGraceSeconds 5 (PARK_DELAY): a crash ends the job through plain
+    waits only, and the queue never holds a message."""
+    nodes = default.config.node_count
+    with simulated(tmp_path, default, nodes) as (cloud, agents, supervisor):
+        settings = {"PollSeconds": 5, "RetryDelaySeconds": 1, "FailureGraceSeconds": 5}
+        execution = supervisor.start("short", MaxRetries=0, **settings)
+        agents.wait_launched(nodes, PROMPT)
+        agents.fail(cloud.running()[-1], 1)
+        assert ended(supervisor, execution, PROMPT) == "FAILED", supervisor.trace(execution)
+        entered = [_name(e) for events in supervisor.child_events() for e in events]
+        assert "RunTrainingWaitPlain" in entered and "RunTrainingWaitGrace" in entered
+        assert not [n for n in entered if n and n.endswith(("ForWake", "Woken"))], entered
+        sqs = cloud.session().client("sqs", region_name=cloud.region)
+        (url,) = sqs.list_queues()["QueueUrls"]
+        counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert counts["ApproximateNumberOfMessages"] == "0", counts
+        assert counts["ApproximateNumberOfMessagesNotVisible"] == "0", counts
+        assert counts["ApproximateNumberOfMessagesDelayed"] == "0", counts
+
+
 @pytest.mark.slow
 def test_a_burst_of_events_wakes_a_child_at_most_once_per_park_delay(
     tmp_path: Path, default: Synth
