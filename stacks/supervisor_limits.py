@@ -56,6 +56,9 @@ OTHER_EVENTS = 1_000
 #: less (2 instead of the callback's 6). tests/test_supervisor_wake.py counts them in a child's
 #: history.
 EVENTS_PER_POLL = 22
+#: The same poll after a plain Wait (a wait of PARK_DELAY or less, or once the wakes are
+#: spent: stacks/supervisor_wake.py): the Wait's 2 events instead of the callback's 6.
+EVENTS_PER_PLAIN_POLL = EVENTS_PER_POLL - 4
 #: One poll that a wake started: the callback Task succeeded (entered, scheduled, started,
 #: submitted, succeeded, exited), the <Document>Woken Pass that counts it, the rest as a poll's.
 #: tests/test_supervisor_wake.py counts them in a child's history.

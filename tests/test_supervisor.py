@@ -43,6 +43,7 @@ from stacks.supervisor_group import address_filters
 from stacks.supervisor_limits import (
     EVENTS_PER_NODE,
     EVENTS_PER_NODE_WAIT,
+    EVENTS_PER_PLAIN_POLL,
     EVENTS_PER_POLL,
     EVENTS_PER_PROGRESS_READ,
     EVENTS_PER_TAG_PAGE,
@@ -396,6 +397,21 @@ def loop_events(definition: dict[str, Any], start: str) -> int:
             return total
 
 
+def plain_poll_events(definition: dict[str, Any], document: str) -> int:
+    """The history events of a poll after a plain Wait (<Document>WaitPlain: a wait of
+    PARK_DELAY or less, or past the wake budget): <Document>Wait (a Choice: 2), the Wait (2),
+    then from the state the Wait goes on to back to <Document>Wait."""
+    found = dict(states(definition))
+    (rule,) = found[f"{document}Wait"]["Choices"]
+    assert rule["Next"] == f"{document}WaitPlain"
+    name, total = found[f"{document}WaitPlain"]["Next"], 2 + 2
+    while name != f"{document}Wait":
+        state = found[name]
+        total += 5 if state["Type"] == "Task" else 2
+        name = state.get("Next") or state["Default"]
+    return total
+
+
 def timed_poll_events(definition: dict[str, Any], document: str) -> int:
     """The history events of a poll after a wait that ran its full PollSeconds: <Document>Wait
     (a Choice: 2), its callback <Document>WaitForWake timed out (entered, scheduled, started,
@@ -477,6 +493,7 @@ def test_the_poll_loops_write_what_the_history_budget_assumes(default: Synth) ->
     definition = machine_definition(template, placeholder_refs(template))
     for document in ("RunTraining", "Preflight"):
         assert timed_poll_events(definition, document) == EVENTS_PER_POLL
+        assert plain_poll_events(definition, document) == EVENTS_PER_PLAIN_POLL
     # RunTraining's first batch reads the job's progress at a poll where nothing else
     # happened and a read is due (stacks/supervisor_progress.py): every way from the read back
     # to the poll's Wait (the wait-or-wake Choice) costs at most EVENTS_PER_PROGRESS_READ, the
@@ -862,7 +879,8 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         assert "after 0 retries and 2 legs" in cloud.notifications[-1]["Message"]
         assert gone(job), "a process of the job outlived it"
         # One execution per leg; a timed poll of a running command costs EVENTS_PER_POLL events
-        # of the batch's child execution's history (a woken one EVENTS_PER_WAKE), and the first
+        # of the batch's child execution's history (a woken one EVENTS_PER_WAKE; here, at
+        # PollSeconds 1, every wait is plain: EVENTS_PER_PLAIN_POLL), and the first
         # batch's read of the job's progress, once per ProgressReadSeconds (5 timed polls here:
         # a woken poll counts no seconds), at most EVENTS_PER_PROGRESS_READ more (the
         # arithmetic of stacks/supervisor_limits.py), counted here, and none of the job's
@@ -872,7 +890,7 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         polls = poll_ids(supervisor)
         gaps = Counter(b - a for a, b in itertools.pairwise(polls))
         assert len(polls) > 20, gaps
-        assert gaps.most_common(1)[0][0] == EVENTS_PER_POLL, gaps
+        assert gaps.most_common(1)[0][0] == EVENTS_PER_PLAIN_POLL, gaps
         assert max(gaps) <= EVENTS_PER_WAKE + EVENTS_PER_PROGRESS_READ, gaps
         entered = [n for e in supervisor.child_events("RunTraining")[0]
                    if (n := _name(e)) and "Entered" in e["type"]]  # fmt: skip
