@@ -16,6 +16,7 @@ where it is missing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -249,10 +250,14 @@ def jayway_json_paths() -> Iterator[None]:
     ("$.a[*].b"); it raises "could not be found" for others that match nothing ("$[*].Ids[*]"
     over batches that found no node, a filter that matches nothing) and unwraps a single match
     ("$..NextToken" on a page with a token), where AWS goes on with [] and ["token"]."""
-    from jsonpath_ng.ext import parse
+    from jsonpath_ng.ext import parse as parse_path
     from moto.stepfunctions.parser.asl.utils import json_path
 
     original = json_path.extract_json
+    original_parse = json_path.parse
+    # jsonpath_ng builds its PLY parser again for every parse, and moto parses a path each
+    # time a state reads it; the parsed paths are immutable trees, so each is parsed once.
+    parse = functools.lru_cache(maxsize=4096)(parse_path)
 
     def extract_json(path: str, data: Any) -> Any:
         if not _INDEFINITE.search(path):
@@ -268,9 +273,11 @@ def jayway_json_paths() -> Iterator[None]:
     ]
     for module in users:
         module.extract_json = extract_json  # type: ignore[attr-defined]
+    json_path.parse = parse  # type: ignore[attr-defined]
     try:
         yield
     finally:
+        json_path.parse = original_parse  # type: ignore[attr-defined]
         for module in users:
             module.extract_json = original  # type: ignore[attr-defined]
 
@@ -447,15 +454,27 @@ def parses_one_at_a_time() -> Iterator[None]:
     executions started together (the wake's, one per ended invocation: 1,024 at once at the
     end of an attempt at 1,024 nodes) pop each other's scopes and an execution's thread dies
     with "IndexError: list index out of range" before its first state, leaving it RUNNING
-    forever. Step Functions starts every execution it accepts."""
+    forever. Step Functions starts every execution it accepts.
+
+    Each definition is parsed once and its program shared by the executions that run it:
+    moto parses the whole definition again for every execution (ExecutionWorker.
+    _get_evaluation_entrypoint), with ANTLR's Python runtime, and at 1,024 nodes that was
+    the largest share of the interpreter's CPU (thousands of wake and child executions of
+    the same few definitions). The parsed components keep no state of an evaluation: that
+    lives in each execution's Environment and in the workers a Map or Parallel makes when it
+    runs (moto/stepfunctions/parser/asl/component: no component assigns to itself outside
+    its constructor but EvalComponent.heap_key, a key into each Environment's own heap)."""
     from moto.stepfunctions.parser.asl.parse import asl_parser
 
     parser = asl_parser.AmazonStateLanguageParser
     original = parser.parse
+    parsed: dict[str, Any] = {}
 
     def parse(definition: str) -> Any:
         with PARSE_LOCK:
-            return original(definition)
+            if definition not in parsed:
+                parsed[definition] = original(definition)
+            return parsed[definition]
 
     parser.parse = staticmethod(parse)  # type: ignore[method-assign]
     try:
