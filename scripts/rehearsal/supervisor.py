@@ -273,11 +273,11 @@ def jayway_json_paths() -> Iterator[None]:
     ]
     for module in users:
         module.extract_json = extract_json  # type: ignore[attr-defined]
-    json_path.parse = parse  # type: ignore[attr-defined]
+    json_path.parse = parse
     try:
         yield
     finally:
-        json_path.parse = original_parse  # type: ignore[attr-defined]
+        json_path.parse = original_parse
         for module in users:
             module.extract_json = original  # type: ignore[attr-defined]
 
