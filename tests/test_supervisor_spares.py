@@ -96,7 +96,8 @@ def die_and_resume(
         status = supervisor.wait(execution, 600)
         assert status == "SUCCEEDED", supervisor.trace(execution)
         # Every wake ended well: one that fails leaves the messages it received unanswered.
-        assert not any(": FAILED" in line for line in cloud.wake.outcomes()), cloud.wake.outcomes()
+        outcomes = cloud.wake.outcomes()
+        assert not any(o.failed for o in outcomes), [line for o in outcomes for line in o.lines()]
         assert gone(job), "a process of the job outlived it"
         steps = job_metrics(tmp_path, job, "train")
         resumed = min((r for r in steps if r["time"] > died), key=lambda r: r["time"])
@@ -113,7 +114,11 @@ def die_and_resume(
             "resume": [r["step"] for r in job_metrics(tmp_path, job, "resume")],
             "woken": [e["detail-type"] for e in cloud.wake.delivered],
             "timeline": "\n".join(
-                [supervisor.timeline(execution, died), "the wakes:", *cloud.wake.outcomes()]
+                [
+                    supervisor.timeline(execution, died),
+                    "the wakes:",
+                    *(line for outcome in cloud.wake.outcomes() for line in outcome.lines()),
+                ]
             ),
         }
 

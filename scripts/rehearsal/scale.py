@@ -263,15 +263,10 @@ def rehearse(
         report.notifications = [n["Subject"] for n in cloud.notifications]
         if cloud.wake is not None:
             outcomes = cloud.wake.outcomes()
-            report.wakes = dict(Counter(line.split(": ", 1)[1].split()[0] for line in outcomes
-                                        if not line.startswith(" ")))  # fmt: skip
-            failed = [n for n, line in enumerate(outcomes) if ": FAILED" in line]
+            report.wakes = dict(Counter(outcome.status for outcome in outcomes))
+            failed = [outcome for outcome in outcomes if outcome.failed]
             if failed:
-                at = failed[0]
-                report.wake_failure = [
-                    outcomes[at],
-                    *itertools.takewhile(lambda line: line.startswith(" "), outcomes[at + 1 :]),
-                ]
+                report.wake_failure = failed[0].lines()
     return report
 
 

@@ -116,6 +116,28 @@ def terminate_event(group: str, hook: str, instance_id: str, region: str) -> dic
 
 
 @dataclass
+class WakeOutcome:
+    """How one wake execution ended (``WakeRules.outcomes``)."""
+
+    time: str  # the event's time of day, UTC
+    event: str  # its detail-type and the status or instance it names
+    status: str  # the execution's status, or "not started"
+    error: str = ""
+    cause: str = ""
+    failures: list[str] = field(default_factory=list)  # its history's failure events
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "FAILED"
+
+    def lines(self) -> list[str]:
+        head = f"{self.time} {self.event}: {self.status}"
+        if self.failed:
+            head += f" {self.error} {self.cause}"
+        return [head, *(f"  {failure}" for failure in self.failures)]
+
+
+@dataclass
 class WakeRules:
     """The wake's rules, applied to what the stand-ins see change (every LOOK_SECONDS)."""
 
@@ -167,26 +189,30 @@ class WakeRules:
         self._running = in_service
         return found
 
-    def outcomes(self) -> list[str]:
-        """Each wake execution's status, with its error and cause where it did not succeed, in
-        the order the events came (what a rehearsal whose poll was not woken looks at)."""
+    def outcomes(self) -> list[WakeOutcome]:
+        """Each wake execution's outcome, with its error, cause and failure events where it
+        failed, in the order the events came (what a rehearsal whose poll was not woken looks
+        at)."""
         client = self.session.client("stepfunctions", region_name=self.cloud.region)
         pages = client.get_paginator("list_executions").paginate(stateMachineArn=self.machine)
         status = {e["name"]: e["status"] for page in pages for e in page["executions"]}
-        lines = []
+        found = []
         for event in self.delivered:
             detail = event["detail"]
-            line = (f"{event['time'][11:19]} {event['detail-type']} "
-                    f"{detail.get('status') or detail.get('EC2InstanceId', '')}: "
-                    f"{status.get(event['id'], 'not started')}")  # fmt: skip
-            if status.get(event["id"]) != "FAILED":
-                lines.append(line)
-                continue
-            arn = f"{self.machine.replace(':stateMachine:', ':execution:', 1)}:{event['id']}"
-            described = client.describe_execution(executionArn=arn)
-            lines.append(f"{line} {described.get('error', '')} {described.get('cause', '')[:200]}")
-            lines += [f"  {failure}" for failure in _failures(client, arn)]
-        return lines
+            outcome = WakeOutcome(
+                time=event["time"][11:19],
+                event=f"{event['detail-type']} "
+                f"{detail.get('status') or detail.get('EC2InstanceId', '')}".strip(),
+                status=status.get(event["id"], "not started"),
+            )
+            if outcome.status == "FAILED":
+                arn = f"{self.machine.replace(':stateMachine:', ':execution:', 1)}:{event['id']}"
+                described = client.describe_execution(executionArn=arn)
+                outcome.error = described.get("error", "")
+                outcome.cause = described.get("cause", "")[:200]
+                outcome.failures = _failures(client, arn)
+            found.append(outcome)
+        return found
 
     def deliver(self, client: Any, event: dict[str, Any]) -> None:
         if not self.enabled or not any(matches(p, event) for p in self.patterns):
