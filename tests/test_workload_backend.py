@@ -15,10 +15,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.node_support import REPO_ROOT, free_port
+from tests.node_support import REPO_ROOT
+from tests.workload_support import run_rank_scripts
 from workload.backend import BackendError, NodeTree
 
 # One rank of a job of NODES nodes x LOCAL processes: RANK, LOCAL_RANK and LOCAL_WORLD_SIZE as
@@ -49,29 +51,8 @@ dist.destroy_process_group()
 """
 
 
-def run_ranks(tmp_path: Path, nodes: int, local: int) -> list[dict[str, object]]:
-    port = str(free_port())
-    world = nodes * local
-    processes = []
-    for rank in range(world):
-        env = {
-            **os.environ, "PYTHONPATH": str(REPO_ROOT), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local),
-        }  # fmt: skip
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RANK_SCRIPT, str(tmp_path)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    for process in processes:
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, output
-    return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
+def run_ranks(tmp_path: Path, nodes: int, local: int) -> list[dict[str, Any]]:
+    return run_rank_scripts(RANK_SCRIPT, [str(tmp_path)], out=tmp_path, nodes=nodes, local=local)
 
 
 @pytest.mark.slow

@@ -15,14 +15,10 @@ group, while it is up and after the close.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from tests.node_support import REPO_ROOT, free_port
+from tests.workload_support import run_rank_scripts
 
 RANK_SCRIPT = """
 import json, os, sys
@@ -57,27 +53,7 @@ with open(os.path.join(out, f"rank-{backend.rank}.json"), "w") as f:
 
 
 def run_ranks(tmp_path: Path, how: str) -> list[dict[str, Any]]:
-    port = str(free_port())
-    processes = []
-    for rank in range(2):
-        env = {
-            **os.environ, "PYTHONPATH": str(REPO_ROOT), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": "2",
-            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-        }  # fmt: skip
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RANK_SCRIPT, str(tmp_path), how],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    for process in processes:
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, output
-    return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    return run_rank_scripts(RANK_SCRIPT, [str(tmp_path), how], out=tmp_path, nodes=1, local=2)
 
 
 def test_close_ends_every_thread_the_process_group_started(tmp_path: Path) -> None:

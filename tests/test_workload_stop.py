@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -25,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from tests.node_support import REPO_ROOT, free_port
 from tests.workload_support import (
     REPO,
     TINY,
     events,
     make_data,
+    run_rank_scripts,
     start_train,
     summary,
     worker_pids,
@@ -100,26 +99,9 @@ backend.close()  # the groups torn down here, not at the interpreter's exit (tes
 
 
 def run_votes(tmp_path: Path, control: str, nodes: int, local: int) -> list[dict[str, Any]]:
-    port = str(free_port())
-    world = nodes * local
-    processes = []
-    for rank in range(world):
-        env = {
-            **os.environ, "PYTHONPATH": str(REPO_ROOT), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local),
-            "OMP_NUM_THREADS": "1",
-        }  # fmt: skip
-        command = [sys.executable, "-c", VOTE_SCRIPT, str(tmp_path), control]
-        processes.append(
-            subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    for process in processes:
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, output
-    return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
+    return run_rank_scripts(
+        VOTE_SCRIPT, [str(tmp_path), control], out=tmp_path, nodes=nodes, local=local
+    )
 
 
 @pytest.mark.slow

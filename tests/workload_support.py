@@ -190,3 +190,36 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def run_rank_scripts(
+    script: str, args: Sequence[str], *, out: Path, nodes: int, local: int
+) -> list[dict[str, Any]]:
+    """`script` (``python -c``) as the ranks of `nodes` x `local` processes, numbered and
+    given the variables torchrun gives them, over gloo on a free port; each must exit 0 and
+    write ``out/rank-<rank>.json``. Their reports, in rank order."""
+    from tests.node_support import REPO_ROOT, free_port
+
+    port = str(free_port())
+    world = nodes * local
+    processes = []
+    for rank in range(world):
+        env = {
+            **os.environ, "PYTHONPATH": str(REPO_ROOT), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local),
+            "OMP_NUM_THREADS": "1",
+        }  # fmt: skip
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", script, *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    for process in processes:
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, output
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world)]
