@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import subprocess
+import threading
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +27,7 @@ from scripts.rehearsal.fleet import (
     SimulatedHosts,
     SimulatedInstances,
     _Real,
+    _Running,
 )
 from scripts.rehearsal.ssm_agent import MAX_STDOUT_LENGTH
 from scripts.rehearsal.ssm_agent.runscript import (
@@ -106,3 +110,58 @@ def test_a_real_nodes_torchrun_reads_the_status_it_is_told_whole(
     finally:
         agents.close()
         torchrun.kill()
+
+
+def test_finish_ends_the_simulated_nodes_once_the_real_ones_have_exited(tmp_path: Path) -> None:
+    """`finish` tells the real nodes' torchrun to exit 0 and ends the simulated invocations only
+    once every real script has exited: a simulated invocation ends at once, and the first of a
+    batch to end starts the supervisor's FailureGraceSeconds for the rest (5 s in the scale
+    rehearsal), after which it cancels the rest. Ended together, a real node slower than that
+    on a busy machine was cancelled, and the 1,024-node job failed ("RunTraining ended
+    Cancelled"). Here the real script exits only when the test lets it, after looking at the
+    simulated node's status."""
+    command_id = str(uuid.uuid4())
+    exited = threading.Event()
+    script = SimpleNamespace(poll=lambda: 0 if exited.is_set() else None, kill=lambda: None)
+    real_node = SimpleNamespace(instance_id="i-0000000000000000a", state="running", root=tmp_path)
+    real_folder = tmp_path / "real"
+    real_folder.mkdir()
+    real_invocation = SimpleNamespace(instance=real_node, folder=real_folder)
+    simulated = SimpleNamespace(
+        instance_id="i-0000000000000000b", state="running", address="10.0.0.2"
+    )
+    simulated_folder = tmp_path / "simulated"
+    simulated_folder.mkdir()
+    agents = SimulatedAgents(instances=None)  # type: ignore[arg-type]
+    real_key = f"{command_id}-{real_node.instance_id}"
+    simulated_key = f"{command_id}-{simulated.instance_id}"
+    try:
+        agents.real[real_key] = _Real(real_key, command_id, real_invocation, script, 0.0)  # type: ignore[arg-type]
+        (tmp_path / f"{command_id}.started").touch()  # its torchrun reported its start
+        agents.wait_launched(1, 60)
+        with agents._changed:
+            agents.running[simulated_key] = _Running(
+                simulated_folder,
+                simulated,
+                "scale-RunTraining",
+                0.0,  # type: ignore[arg-type]
+            )
+        finishing = threading.Thread(target=agents.finish)
+        finishing.start()
+        told = tmp_path / f"{command_id}.exit"
+        deadline = time.monotonic() + 60
+        while not told.exists():
+            assert time.monotonic() < deadline, "the real node was never told to exit"
+            time.sleep(0.05)
+        assert told.read_text() == "0\n"
+        # Told, and its script still runs: the simulated node has not ended.
+        assert not (simulated_folder / "status.json").exists()
+        exited.set()
+        finishing.join(timeout=60)
+        assert not finishing.is_alive()
+        real = json.loads((real_folder / "status.json").read_text())
+        ended = json.loads((simulated_folder / "status.json").read_text())
+        assert (real["status"], ended["status"]) == ("Success", "Success")
+        assert real["ended"] <= ended["ended"]
+    finally:
+        agents.close()

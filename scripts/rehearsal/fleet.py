@@ -306,15 +306,15 @@ class SimulatedAgents:
                 code = item.script.poll()
                 if code is None:
                     continue
-                with self._changed:
-                    self.real.pop(key, None)
-                    self.running.pop(key, None)
-                    self._changed.notify_all()
                 if instance.state == "running":
                     status, details, code = plugin_result(code, item.ending)
                     ended = {"status": status, "details": details, "code": code,
                              "started": item.started, "ended": time.time()}  # fmt: skip
                     _write(item.invocation.folder / "status.json", ended)
+                with self._changed:
+                    self.real.pop(key, None)
+                    self.running.pop(key, None)
+                    self._changed.notify_all()
 
     def _tell(self, key: str, code: int) -> bool:
         """A real node's torchrun exits with `code`; False when the node is not real."""
@@ -383,10 +383,28 @@ class SimulatedAgents:
                     raise TimeoutError(f"{len(nodes)} of {count} nodes run RunTraining")
                 self._changed.wait(min(left, 1.0))
 
-    def finish(self) -> None:
-        """Every running trainer ends well (launch.sh's status 0)."""
-        for key in self.training():
+    def finish(self, timeout: float = 300.0) -> None:
+        """Every running trainer ends well (launch.sh's status 0): the real nodes first, the
+        simulated ones once every real node's script has exited. A simulated invocation ends
+        at once and a real one after launch.sh winds down, and the first invocation of a
+        batch to end starts its FailureGraceSeconds for the rest (5 s in the scale
+        rehearsal), after which the supervisor cancels whatever still runs. Ended together,
+        a real node that took longer than the grace on a busy machine was cancelled and the
+        attempt failed ("RunTraining ended Cancelled"). `timeout` is an upper bound only."""
+        keys = self.training()
+        real = [key for key in keys if key in self.real]
+        for key in real:
             self._end(key, 0)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while waiting := [key for key in real if key in self.real]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{len(waiting)} real nodes still run RunTraining")
+                self._changed.wait(min(left, 1.0))
+        for key in keys:
+            if key not in real:
+                self._end(key, 0)
 
     def fail(self, instance: Instance, code: int = 1) -> None:
         """The node's RunTraining ends with `code` (1: torchrun failed)."""
