@@ -45,6 +45,17 @@ def _kind(command: str) -> str:
     return " ".join(word.rsplit("/", 1)[-1] for word in command.split()[:4])
 
 
+def merge(before: tuple[float, str] | None, cpu: float, command: str) -> tuple[float, str]:
+    """A process's largest CPU so far and its latest command line. A process that has exited
+    and is not yet reaped reads an empty cmdline (its name in brackets here): that never
+    replaces the command line already seen, and a busy machine samples more processes in that
+    state (a sample that takes longer leaves a longer window between an exit and the reap)."""
+    if before is None:
+        return cpu, command
+    known = before[1] if command.startswith("[") and not before[1].startswith("[") else command
+    return max(cpu, before[0]), known
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: cpu_by_process.py COMMAND [ARG...]", file=sys.stderr)
@@ -57,8 +68,7 @@ def main(argv: list[str]) -> int:
         while stack:
             pid = stack.pop()
             if pid in stats:
-                cpu, command = stats[pid]
-                seen[pid] = (max(cpu, seen.get(pid, (0.0, ""))[0]), command)
+                seen[pid] = merge(seen.get(pid), *stats[pid])
             stack.extend(children.get(pid, []))
         time.sleep(0.2)
     total: collections.Counter[str] = collections.Counter()

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cpu_by_process import merge
+
 TOOL = Path(__file__).with_name("cpu_by_process.py")
 
 
@@ -31,3 +33,12 @@ def test_no_command_is_a_usage_line() -> None:
     )
     assert run.returncode == 2
     assert run.stderr.strip() == "usage: cpu_by_process.py COMMAND [ARG...]"
+
+
+def test_an_exited_process_keeps_the_command_line_it_was_seen_with() -> None:
+    # Exited and not yet reaped, a process reads an empty cmdline: the sample names it "[comm]".
+    seen = merge(None, 0.3, "python3 -c sum(range(20_000_000))")
+    seen = merge(seen, 0.5, "[python3]")
+    assert seen == (0.5, "python3 -c sum(range(20_000_000))")
+    # A command line that changes (sh execs the command it was given) is followed.
+    assert merge((0.0, "sh -c python3 x.py"), 0.1, "python3 x.py") == (0.1, "python3 x.py")
