@@ -742,6 +742,43 @@ def test_launch_stops_what_an_earlier_job_left_on_the_node(node: FakeNode) -> No
             leftover.wait()
 
 
+#: `env`, `setsid` and `tee` as a busy machine runs them: one that launch.sh (an untagged
+#: process) exec'd with a job's tags (TRAINIUM_JOB_ID in its environment, which
+#: /proc/<pid>/environ shows as long as the process is that program) takes until torchrun has
+#: started to exec the real one, as a descheduled process would, and notes that it carried
+#: them. (The job's own processes, torchrun's children, are tagged by design.)
+SLOW_EXEC = """#!/bin/bash
+name=$(basename "$0")
+if [[ -n ${TRAINIUM_JOB_ID:-} ]] && ! grep -qz '^TRAINIUM_JOB_ID=' "/proc/$PPID/environ"; then
+  parent=$(tr '\\0' ' ' < "/proc/$PPID/cmdline")
+  echo "$name $* ($$, parent $parent) carried the job's tags" >> "$FAKE_DIR/tagged-helpers.log"
+  for ((i = 0; i < 600; i++)); do [[ -e $FAKE_DIR/torchrun.args ]] && break; sleep 0.1; done
+fi
+exec "/usr/bin/$name" "$@"
+"""
+
+
+def test_the_jobs_tee_and_watchdog_are_never_tagged_even_while_they_start(node: FakeNode) -> None:
+    """launch.sh exports the job's tags before it starts its own helpers (the job log's tee,
+    the leg's watchdog), and stops whatever is tagged on its node (stop_job "*") in between. A
+    helper exec'd with the tags, even for the moment before it drops them (`env -u`), is a
+    leftover worker to that scan while it has not exec'd its real program: it got SIGTERM,
+    the tee was gone, and launch.sh died of SIGPIPE (status 141, the supervisor's 'RunTraining
+    failed with status 141') on a busy machine. Here every such exec stalls; nothing may be
+    exec'd tagged but the job itself."""
+    for name in ("env", "setsid", "tee"):
+        node.tool(name, SLOW_EXEC)
+    job = unique_job_id("j")
+    result = node.run("launch.sh", "--hosts", node.loopback, "--job-id", job,
+                      "--nproc-per-node", "1", FAKE_LOOPBACK=node.loopback)  # fmt: skip
+    tagged_helpers = node.root / "tagged-helpers.log"
+    assert not tagged_helpers.exists(), tagged_helpers.read_text()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "left over" not in result.stdout
+    log = (node.fsx / "jobs" / job / "logs" / f"node-0-{node.loopback}.log").read_text()
+    assert "fake torchrun on rank 0" in log  # through the tee
+
+
 # --------------------------------------------------------------------------------- stop
 def test_stop_ends_only_the_jobs_processes(node: FakeNode) -> None:
     job, address = unique_job_id("bert-1"), loopback_address()

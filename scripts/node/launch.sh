@@ -214,10 +214,17 @@ fi
 # than 32 trainers log: a trainer writing into that full pipe would wait on its own log lines.
 # The agent gets launch.sh's own lines (log, through LOG_COPY_FD the files too) and, when
 # torchrun fails, the end of the job's output (show_job_tail). The tee is not tagged as part
-# of the job: stopping leftovers below must not end it.
+# of the job: stopping leftovers below must not end it. Never tagged, not even for a moment:
+# the subshell holds launch.sh's own, untagged, environment (/proc/<pid>/environ is what a
+# process was exec'd with) and execs tee without the tags. `env -u ... tee` would be exec'd
+# with them, and a stop_job that read its environ before it exec'd tee, which a busy machine
+# makes likely, ended the tee as a leftover worker: launch.sh then died of SIGPIPE (141).
 job_log="" job_log_pid=""
 open_job_log() {
-  exec {job_log}> >(exec env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS tee -a "${log_files[@]}" >/dev/null {agent_err}>&-)
+  exec {job_log}> >(
+    unset TRAINIUM_JOB_ID TRAINIUM_NODE_ADDRESS
+    exec tee -a "${log_files[@]}" >/dev/null {agent_err}>&-
+  )
   job_log_pid=$!
   LOG_COPY_FD=$job_log
 }

@@ -627,14 +627,17 @@ process_start_time() {
 start_leg_watchdog() {
   local job=$1 node=$2 leg=$3 grace=$4 parent=$$ started
   started=$(process_start_time "$parent")
+  # Untagged from its first exec on (as the job's tee in launch.sh): a stop_job elsewhere on
+  # the node must never take the watchdog for a worker of the job.
   # shellcheck disable=SC2016  # the inner script expands its own positional arguments
-  setsid env -u TRAINIUM_JOB_ID -u TRAINIUM_NODE_ADDRESS -u TRAINIUM_NODE_RANK -u TRAINIUM_LEG \
-    TRAINIUM_WATCHDOG=1 bash -c '
+  (
+    unset TRAINIUM_JOB_ID TRAINIUM_NODE_ADDRESS TRAINIUM_NODE_RANK TRAINIUM_LEG
+    TRAINIUM_WATCHDOG=1 exec setsid bash -c '
       source "$1"
       SCRIPT_NAME=watchdog
       while [[ $(process_start_time "$2") == "$3" ]]; do sleep 1; done
       if stop_job "$4" "$7" "$5" "$6"; then
         log "launcher of job $4 (leg $6) is gone: stopped the processes it left"
-      fi' watchdog "$NODE_DIR/lib.sh" "$parent" "$started" "$job" "$node" "$leg" "$grace" \
-    </dev/null >>"${WATCHDOG_LOG:-/dev/null}" 2>&1 &
+      fi' watchdog "$NODE_DIR/lib.sh" "$parent" "$started" "$job" "$node" "$leg" "$grace"
+  ) </dev/null >>"${WATCHDOG_LOG:-/dev/null}" 2>&1 &
 }
