@@ -552,6 +552,36 @@ def test_stop_gives_the_trainers_their_whole_grace_to_save(node: FakeNode) -> No
         end_job(job, launch)
 
 
+def test_a_torchrun_slow_to_see_its_workers_exit_still_ends_by_itself(node: FakeNode) -> None:
+    """After the trainers have saved and exited, stop.sh waits for torchrun to exit by itself
+    for what is left of the grace. On a loaded machine torchrun took more than the 5 s stop.sh
+    used to give it; its SIGTERM then made torchrun's status 143 and a clean stop a failed
+    leg (launch.sh's 1). Here torchrun is held (SIGSTOP) until 8 s after its workers exited."""
+    job = unique_job_id("slow-torchrun")
+    launch = start_job(node, job, WORKER_SAVE_SECONDS="0.5")
+    try:
+        workers = worker_pids(node)
+        (torchrun,) = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                       for pid in workers}  # fmt: skip
+        os.kill(torchrun, signal.SIGSTOP)
+        stop = subprocess.Popen(
+            ["bash", str(NODE / "stop.sh"), "--job-id", job, "--grace", "120",
+             "--node-address", node.loopback],
+            env=node.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for(lambda: not any(alive(pid) for pid in workers), 60, "the workers' exit")
+        time.sleep(8)  # a hold longer than the old 5 s, not a race: the grace is 120 s
+        os.kill(torchrun, signal.SIGCONT)
+        _, stderr = stop.communicate(timeout=60)
+        assert stop.returncode == 0, stderr
+        assert saves_done(node) == dict.fromkeys(workers, True)
+        assert "remaining processes" not in stderr, stderr
+        output, _ = launch.communicate(timeout=60)
+        assert launch.returncode == 0, output
+    finally:
+        end_job(job, launch)
+
+
 @pytest.mark.slow
 def test_a_term_to_launch_gives_the_trainers_the_stop_grace_to_save(node: FakeNode) -> None:
     job = unique_job_id("termed")

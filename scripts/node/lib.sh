@@ -527,6 +527,14 @@ is_torchrun() {
   grep -qE '(^|/)torchrun$|^torch\.distributed\.(run|launch)$' <<<"$words"
 }
 
+# The torchrun processes among <pids>.
+job_torchruns() {
+  local pid
+  for pid in $1; do
+    if is_torchrun "$pid"; then echo "$pid"; fi
+  done
+}
+
 # The processes among <pids> to stop first: the workers. That is every one that is not
 # torchrun and whose parent is torchrun or no process of the job (a worker left by a dead
 # torchrun, a job started without torchrun); a worker's own children (data loaders, the
@@ -588,8 +596,11 @@ stop_job() {
     # shellcheck disable=SC2086  # one PID per word
     kill -TERM $workers 2>/dev/null || true
     wait_until_ended "$workers" "$deadline" || true
-    # torchrun notices its workers' exit within its monitor interval (0.1 s by default).
-    wait_until_ended "$(job_pids "$job" "$node" "$leg")" "$(min "$deadline" $((SECONDS + 5)))" || true
+    # torchrun exits by itself once its workers have: it looks within its monitor interval
+    # (0.1 s by default), but on a loaded machine it has taken more than 5 s to get there, and
+    # a SIGTERM to it then made its status 143 and a clean stop a failed leg. So it gets what
+    # is left of the grace; the job's other processes (a worker's children) are not waited for.
+    wait_until_ended "$(job_torchruns "$(job_pids "$job" "$node" "$leg")")" "$deadline" || true
   fi
   pids=$(job_pids "$job" "$node" "$leg")
   if [[ -n $pids ]] && ((SECONDS < deadline)); then
@@ -605,10 +616,6 @@ stop_job() {
     kill -KILL $pids 2>/dev/null || true
   fi
   return 0
-}
-
-min() {
-  if (($1 < $2)); then echo "$1"; else echo "$2"; fi
 }
 
 # Start time of a process (field 22 of /proc/<pid>/stat), to tell it from a later one that
