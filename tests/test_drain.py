@@ -26,6 +26,7 @@ from stacks.config import TIME_FORMAT
 from stacks.drain import DRAIN_ERROR, DRAIN_LEAD, STOP_GRACE_SECONDS
 from stacks.job_queue import SLOT_KEY
 from tests.cdk_support import Synth, alternative, resources, synth
+from tests.node_support import unique_job_id
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -144,7 +145,7 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
 
     block = synth(**BLOCK)
     cluster_name, template = block.config.cluster_name, block.templates["operations"]
-    job = "drained"
+    job = unique_job_id("drained")
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "1000",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
     hook = termination_hook(block.templates["compute"])
@@ -265,7 +266,7 @@ def test_a_job_queued_behind_the_drained_one_waits_for_the_next_windows_nodes(
 
     block = synth(**BLOCK)
     cluster_name, template = block.config.cluster_name, block.templates["operations"]
-    first, second = "drained", "queued"
+    first, second = unique_job_id("drained"), unique_job_id("queued")
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "1000",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
     hook = termination_hook(block.templates["compute"])

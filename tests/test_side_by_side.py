@@ -3,12 +3,14 @@
 The node scripts and the tests find a job's processes by their tags in every process of the
 machine: TRAINIUM_JOB_ID (stop.sh, hosts.job_processes) and TRAINIUM_NODE_ADDRESS (launch.sh
 first stops whatever any job left on its node address: scripts/node/lib.sh job_pids "*";
-LoopbackHosts.kill ends every process tagged with a node's address). Loopback nodes share the
-machine's ports. So each run's job IDs, node addresses and ports must be its own.
+LoopbackHosts.kill ends every process tagged with a node's address; a scale rehearsal's node
+death those tagged with its address in its state folder). Loopback nodes share the machine's
+ports. So each run's job IDs, node addresses and ports must be its own.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import socket
@@ -22,7 +24,7 @@ import pytest
 from scripts.cluster_lib.arguments import JOB_ID
 from scripts.rehearsal import ports
 from scripts.rehearsal.direct import PREFLIGHT_PORT_OFFSETS, Rehearsal
-from scripts.rehearsal.fleet import SimulatedHosts
+from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
 from scripts.rehearsal.hosts import LoopbackHosts, job_processes
 from tests.node_support import (
     NODE,
@@ -122,6 +124,35 @@ def test_two_scale_rehearsals_have_addresses_of_their_own() -> None:
     hosts = SimulatedHosts(1024)
     assert len(set(hosts.addresses)) == 1024
     assert all(a.startswith(hosts.network + ".") for a in hosts.addresses)
+
+
+def test_a_node_death_in_a_scale_rehearsal_spares_another_on_the_same_network(
+    tmp_path: Path, other_run: list[subprocess.Popen[str]]
+) -> None:
+    """Two scale rehearsals draw their network from 127 (SimulatedHosts): one in 127 that two
+    side by side share it, and then their nodes share addresses. A node's death
+    (SimulatedAgents.die) kills the processes tagged with the node's address in the node's
+    own state folder only; the other rehearsal's node at the same address lives on. Before,
+    the death killed every process tagged with the address."""
+    hosts = SimulatedHosts(1)
+    instances = SimulatedInstances(hosts, tmp_path / "fleet", itertools.count(1))
+    instances.real_slots = frozenset({0})
+    (victim,) = instances.instances
+    instances.lay_out_real(victim)
+    agents = SimulatedAgents(instances)
+    other_run.append(
+        tagged(unique_job_id("theirs"), victim.address, state=tmp_path / "theirs" / "state")
+    )
+    ours = tagged(unique_job_id("ours"), victim.address, state=victim.root / "state")
+    try:
+        agents.die(victim)
+        assert ours.wait(timeout=30) == -signal.SIGKILL
+        assert other_run[0].poll() is None, "a node's death killed another rehearsal's node"
+    finally:
+        agents.close()
+        if ours.poll() is None:
+            ours.kill()
+        ours.wait(timeout=10)
 
 
 def test_the_loopback_rehearsals_ports_are_below_the_ephemeral_range(tmp_path: Path) -> None:

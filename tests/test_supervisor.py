@@ -842,7 +842,7 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
     step 60 (workload/stop.py) until the leg's SIGTERM, and the test ends the leg once the
     workflow has polled the running command often enough to count its history events: the
     leg ends at step 60 on any machine, and its checkpoint is the stop's own save."""
-    job = "legs"
+    job = unique_job_id("legs")
     args = train_args(sample_data, "--max-steps", "200", "--checkpoint-every", "50",
                       "--eval-every", "200", "--log-every", "10")  # fmt: skip
     cluster_name = default.config.cluster_name
@@ -932,7 +932,7 @@ def test_a_node_whose_preflight_reports_a_hardware_error_is_replaced_and_the_job
     """One node's kernel log reports NEURON_HW_ERR: its preflight exits 3, the workflow marks
     it Unhealthy (SetInstanceHealth; the stand-in's group replaces it, as Auto Scaling does),
     spends a retry, waits for a full set again, and the job runs on the new node."""
-    job = "replaced"
+    job = unique_job_id("replaced")
     args = train_args(sample_data, "--max-steps", "10", "--eval-every", "10",
                       "--checkpoint-every", "10")  # fmt: skip
     with supervised(tmp_path, default) as (cloud, supervisor):
@@ -974,7 +974,7 @@ def test_a_node_that_dies_mid_job_is_replaced_and_the_job_resumes_from_its_check
     rest after the grace, name the dead node in the retry's notification and in `cluster.py
     jobs`, wait for the replacement, and resume from step 5. Measured: the time from the death
     to the resumed run's first step."""
-    job = "dead-node"
+    job = unique_job_id("dead-node")
     args = train_args(sample_data, "--max-steps", "20", "--checkpoint-every", "5",
                       "--eval-every", "20", "--log-every", "1")  # fmt: skip
     with supervised(tmp_path, default, node_settings=HOLD_AT_5) as (cloud, supervisor):

@@ -25,6 +25,7 @@ from scripts.rehearsal.aws_stand_in import local_cloud
 from scripts.rehearsal.hosts import NetnsHosts
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories
 from tests.cdk_support import Synth, synth
+from tests.node_support import unique_job_id
 from tests.test_rehearsal import (
     HOLD_AT_5,
     checkpoints,
@@ -68,7 +69,7 @@ def die_and_resume(
     replacement starts once the workflow waits for nodes. `settings`: the supervisor's
     (FAST by default). Returns what the test checks."""
     settings = settings or FAST
-    job = "spare" if cluster.config.spare_nodes else "no-spare"
+    job = unique_job_id("spare" if cluster.config.spare_nodes else "no-spare")
     args = train_args(sample_data, "--max-steps", "10", "--checkpoint-every", "5",
                       "--eval-every", "10", "--log-every", "1")  # fmt: skip
     with supervised(tmp_path, cluster, node_settings=HOLD_AT_5) as (cloud, supervisor):

@@ -97,9 +97,10 @@ class _Agent:
 
 class SimulatedHosts:
     """`count` addresses in 10.X.0.0/16 (no namespaces), X from 128 to 254 drawn for each
-    rehearsal: launch.sh on a node stops whatever any job left on its address (and a node's
-    death kills every process tagged with it), so two rehearsals on one machine must not
-    share addresses."""
+    rehearsal. launch.sh on a node stops what any job left on its address and a node's death
+    kills what is tagged with it, both only in the node's own state folder
+    (TRAINIUM_STATE_DIR), so two rehearsals that draw the same network keep to their own
+    processes."""
 
     def __init__(self, count: int) -> None:
         self.count = count
@@ -432,7 +433,7 @@ class SimulatedAgents:
             for item in list(self.real.values()):
                 if item.invocation.instance is instance:
                     item.script.kill()
-            kill_pids(tagged_pids(None, instance.address))
+            kill_pids(tagged_pids(None, instance.address, instance.root / "state"))
         replacement: Instance = self.instances.replace(instance)
         return replacement
 

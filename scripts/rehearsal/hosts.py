@@ -28,13 +28,20 @@ def _run(*command: str) -> None:
     subprocess.run(command, check=True, capture_output=True, text=True)
 
 
-def tagged_pids(job_id: str | None, node_address: str | None) -> list[int]:
-    """PIDs whose environment carries launch.sh's tags (TRAINIUM_JOB_ID / _NODE_ADDRESS)."""
+def tagged_pids(
+    job_id: str | None, node_address: str | None, state_dir: Path | None = None
+) -> list[int]:
+    """PIDs whose environment carries launch.sh's tags (TRAINIUM_JOB_ID / _NODE_ADDRESS), and
+    the node's TRAINIUM_STATE_DIR when given: a node's state folder is its own, where an
+    address drawn at random can be another rehearsal's on the same machine (lib.sh job_pids
+    keeps to its node's the same way)."""
     wanted = []
     if job_id is not None:
         wanted.append(f"TRAINIUM_JOB_ID={job_id}".encode())
     if node_address is not None:
         wanted.append(f"TRAINIUM_NODE_ADDRESS={node_address}".encode())
+    if state_dir is not None:
+        wanted.append(f"TRAINIUM_STATE_DIR={state_dir}".encode())
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
