@@ -135,6 +135,7 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
 
     from scripts.rehearsal.supervisor import (
         SfnAsSdkIntegration,
+        executions_run_once_listed,
         jayway_json_paths,
         sdk_error_names,
         sdk_parameter_names,
@@ -148,6 +149,7 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
         jayway_json_paths(),
         sdk_parameter_names(),
         sdk_error_names(),
+        executions_run_once_listed(),
     ):
         session = boto3.Session(
             region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing"

@@ -484,6 +484,31 @@ def parses_one_at_a_time() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def executions_run_once_listed() -> Iterator[None]:
+    """moto's interpreter, giving an execution the status RUNNING as it is made. moto adds the
+    execution to its state machine's list before it starts it (StepFunctionsParserBackend.
+    start_execution, moto 5.2), and in between its status is None: a ListExecutions with a
+    statusFilter from another thread failed with "'NoneType' object has no attribute 'value'"
+    (the job queue's settled() listing the dispatcher's RUNNING executions while the rule
+    started one). On AWS an execution is RUNNING from StartExecution on (the API reference's
+    ExecutionListItem and DescribeExecution status)."""
+    from moto.stepfunctions.parser.api import ExecutionStatus
+    from moto.stepfunctions.parser.backend.execution import Execution
+
+    original = Execution.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.exec_status = ExecutionStatus.RUNNING
+
+    Execution.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Execution.__init__ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def unstarted_executions_hold_no_tokens() -> Iterator[None]:
     """moto's interpreter, passing over an execution that has not begun evaluating when it
     looks for a task token's owner (SendTaskSuccess, SendTaskFailure, SendTaskHeartbeat) or a
@@ -591,6 +616,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         stops_stay_stopped(),
         parses_one_at_a_time(),
         unstarted_executions_hold_no_tokens(),
+        executions_run_once_listed(),
     ):
         paths.enter_context(patch)
     queues = contextlib.ExitStack()
