@@ -28,11 +28,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scripts.cluster_lib.executions import execution_name
 from scripts.cluster_lib.job_inputs import prepare
@@ -54,6 +54,7 @@ CLUSTER_NAME = "scale"
 REAL_NODES = 6
 REAL_CORES = 16
 JOB_ID = "scale-rehearsal"
+T = TypeVar("T")
 
 
 @dataclass
@@ -162,6 +163,16 @@ def _timed_cli(cloud: LocalCloud, command: str) -> float:
     return time.monotonic() - started
 
 
+def _phase(
+    waiting_for: str, timeout: float, wait: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
+    """`wait(*args, **kwargs)`; a TimeoutError names what the rehearsal was waiting for."""
+    try:
+        return wait(*args, **kwargs)
+    except TimeoutError as error:
+        raise TimeoutError(f"waited {timeout} s for {waiting_for}: {error}") from None
+
+
 def rehearse(
     nodes: int,
     output: Path,
@@ -216,7 +227,7 @@ def rehearse(
         queue.enqueue(JOB_ID, name, {"JobId": JOB_ID, **inputs.parameters(), **SETTINGS})
         queue.dispatch()
         execution = f"{arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
-        first = agents.wait_launched(nodes, timeout)
+        first = _phase("every node to launch", timeout, agents.wait_launched, nodes, timeout)
         report.launch_seconds = time.monotonic() - started
         report.real_ranks = _real_ranks(cloud, agents, first)
         report.status_seconds = _timed_cli(cloud, "status")
@@ -225,7 +236,8 @@ def rehearse(
         (victim,) = [i for i in cloud.running() if i.slot == nodes // 2]
         died = time.monotonic()
         agents.die(victim)
-        second = agents.wait_launched(nodes, timeout, after=first)
+        second = _phase("every node to launch again after the death", timeout,
+                        agents.wait_launched, nodes, timeout, after=first)  # fmt: skip
         report.retry_seconds = time.monotonic() - died
         report.real_ranks += _real_ranks(cloud, agents, second)
         agents.finish()
@@ -240,7 +252,7 @@ def rehearse(
                 chain.append(f"{chain[-1].rsplit(':', 1)[0]}:{successor}")
                 continue
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the job still runs after {timeout} s")
+                raise TimeoutError(f"waited {timeout} s for the job to end: it still runs")
             time.sleep(0.2)
         report.final_status = described["status"]
         if described["status"] != "SUCCEEDED":

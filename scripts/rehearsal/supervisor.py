@@ -37,6 +37,7 @@ from scripts.rehearsal.job_queue import local_queue
 from scripts.rehearsal.metric_filter import template_filters
 from scripts.rehearsal.metrics_stand_in import MetricsStandIn
 from scripts.rehearsal.sdk_clients import one_at_a_time
+from scripts.rehearsal.sqs_waits import long_polls_wait_for_changes
 from scripts.rehearsal.wake import WAKE_CONSTRUCT, create_queue, local_wake, queue_logical_id
 
 ACCOUNT = "123456789012"
@@ -250,14 +251,19 @@ def jayway_json_paths() -> Iterator[None]:
     ("$.a[*].b"); it raises "could not be found" for others that match nothing ("$[*].Ids[*]"
     over batches that found no node, a filter that matches nothing) and unwraps a single match
     ("$..NextToken" on a page with a token), where AWS goes on with [] and ["token"]."""
+    from jsonpath_ng import parse as parse_plain
     from jsonpath_ng.ext import parse as parse_path
+    from moto.stepfunctions.parser.asl.component.common.path import result_path
     from moto.stepfunctions.parser.asl.utils import json_path
 
     original = json_path.extract_json
-    original_parse = json_path.parse
+    original_parse, original_result_parse = json_path.parse, result_path.parse
     # jsonpath_ng builds its PLY parser again for every parse, and moto parses a path each
-    # time a state reads it; the parsed paths are immutable trees, so each is parsed once.
+    # time a state reads it (json_path with the extended grammar, ResultPath with the plain
+    # one, at every state that has a ResultPath); the parsed paths are immutable trees, so
+    # each is parsed once per grammar.
     parse = functools.lru_cache(maxsize=4096)(parse_path)
+    result_path.parse = functools.lru_cache(maxsize=4096)(parse_plain)
 
     def extract_json(path: str, data: Any) -> Any:
         if not _INDEFINITE.search(path):
@@ -277,7 +283,7 @@ def jayway_json_paths() -> Iterator[None]:
     try:
         yield
     finally:
-        json_path.parse = original_parse
+        json_path.parse, result_path.parse = original_parse, original_result_parse
         for module in users:
             module.extract_json = original  # type: ignore[attr-defined]
 
@@ -617,6 +623,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         parses_one_at_a_time(),
         unstarted_executions_hold_no_tokens(),
         executions_run_once_listed(),
+        long_polls_wait_for_changes(),
     ):
         paths.enter_context(patch)
     queues = contextlib.ExitStack()

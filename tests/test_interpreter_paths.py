@@ -1,0 +1,93 @@
+"""The rehearsal's Step Functions interpreter (moto's, adjusted by scripts/rehearsal/supervisor.py
+`jayway_json_paths`) parses each JSONPath of a definition once, not every time a state runs.
+
+jsonpath_ng builds its PLY parser anew for every parse (jsonpath_ng/parser.py: `parse` makes a
+JsonPathParser, whose constructor runs yacc), and moto parses a state's paths each time the
+state runs: InputPath, OutputPath and Parameters' paths through its json_path module (the
+extended grammar), ResultPath through jsonpath_ng's plain `parse`
+(moto/stepfunctions/parser/asl/component/common/path/result_path.py). The wake's thousands of
+executions at 1,024 nodes (scripts/rehearsal/scale.py) each run a ResultPath in most states;
+building their parsers was the largest single cost of the scale rehearsal's CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import Any
+
+import boto3
+import pytest
+
+from scripts.rehearsal.supervisor import jayway_json_paths
+
+REGION = "us-east-1"
+EXECUTIONS = 5
+#: Upper bound only: each execution ends within moments.
+WAIT = 120
+DEFINITION = {
+    "StartAt": "Add",
+    "States": {
+        "Add": {"Type": "Pass", "Result": {"n": 1}, "ResultPath": "$.added.value", "Next": "Copy"},
+        "Copy": {"Type": "Pass", "InputPath": "$.added", "ResultPath": "$.copy", "End": True},
+    },
+}
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, adjusted: bool) -> tuple[list[Any], int]:
+    """EXECUTIONS executions of DEFINITION in moto's interpreter: their outputs, and how many
+    jsonpath_ng parsers were built while they ran."""
+    from jsonpath_ng.parser import JsonPathParser
+    from moto import mock_aws
+
+    built = [0]
+    original = JsonPathParser.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        built[0] += 1
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(JsonPathParser, "__init__", counting)
+    outputs = []
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        jayway_json_paths() if adjusted else contextlib.nullcontext(),
+    ):
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        machine = sfn.create_state_machine(
+            name="paths", definition=json.dumps(DEFINITION),
+            roleArn="arn:aws:iam::123456789012:role/paths",
+        )["stateMachineArn"]  # fmt: skip
+        built[0] = 0
+        for n in range(EXECUTIONS):
+            arn = sfn.start_execution(
+                stateMachineArn=machine, name=f"run-{n}", input=json.dumps({"i": n})
+            )["executionArn"]
+            deadline = time.monotonic() + WAIT
+            while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
+                assert time.monotonic() < deadline, "the execution never ended"
+                time.sleep(0.02)
+            assert described["status"] == "SUCCEEDED", described
+            outputs.append(json.loads(described["output"]))
+    return outputs, built[0]
+
+
+def test_each_path_is_parsed_once_and_reads_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    outputs, built = _run(monkeypatch, adjusted=True)
+    assert outputs == [
+        {"i": n, "added": {"value": {"n": 1}}, "copy": {"value": {"n": 1}}}
+        for n in range(EXECUTIONS)
+    ]
+    # "$.added.value" and "$.copy" (ResultPath, plain grammar), "$.added" (InputPath): at most
+    # once each, whatever the number of executions.
+    assert built <= 3, built
+
+
+def test_moto_alone_builds_a_parser_each_time_a_result_path_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the adjustment is for: two ResultPaths in each of EXECUTIONS executions."""
+    outputs, built = _run(monkeypatch, adjusted=False)
+    assert len(outputs) == EXECUTIONS
+    assert built >= 2 * EXECUTIONS, built
