@@ -15,11 +15,14 @@ import copy
 import math
 import resource
 import subprocess
+import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from scripts.rehearsal.scale import HISTORY_LIMIT, PAYLOAD_LIMIT, rehearse
+from scripts.rehearsal.fleet import SimulatedAgents
+from scripts.rehearsal.scale import HISTORY_LIMIT, PAYLOAD_LIMIT, _launched, rehearse
 from stacks.supervisor_limits import INVOCATIONS_PAGE, SEND_BATCH, batches
 from tests.cdk_support import synth
 from tests.node_support import FakeNode, document_command, unique_job_id
@@ -121,3 +124,49 @@ def test_one_job_on_1024_simulated_nodes_survives_a_node_dying(tmp_path: Path) -
     # size and the node's position in the host list as its rank.
     assert len(report.real_ranks) >= 2 * 6, report.real_ranks
     assert all(n == NODES and rank == position for n, rank, position in report.real_ranks)
+
+
+class _NeverLaunched:
+    """Nodes that never launch: each wait for them runs out (SimulatedAgents.wait_launched)."""
+
+    def wait_launched(
+        self, count: int, timeout: float, *, after: frozenset[str] = frozenset()
+    ) -> frozenset[str]:
+        time.sleep(min(timeout, 0.05))
+        raise TimeoutError(f"0 of {count} nodes run RunTraining")
+
+
+@pytest.mark.parametrize("job", ["ended", "running", "not started"])
+def test_a_wait_for_the_nodes_names_what_it_waited_for_and_ends_with_the_job(job: str) -> None:
+    """The rehearsal's waits for the nodes fail at once, with the job's status and cause, once
+    the job has ended (rather than at the phase's bound), and name the phase at the bound. The
+    job's execution in moto (no interpreter: RUNNING until stopped)."""
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        sfn = boto3.client("stepfunctions", region_name="us-east-1")
+        machine = sfn.create_state_machine(
+            name="job", roleArn="arn:aws:iam::123456789012:role/job",
+            definition='{"StartAt": "S", "States": {"S": {"Type": "Succeed"}}}',
+        )["stateMachineArn"]  # fmt: skip
+        execution = f"{machine.replace(':stateMachine:', ':execution:', 1)}:attempt-1"
+        if job != "not started":
+            sfn.start_execution(stateMachineArn=machine, name="attempt-1")
+        if job == "ended":
+            sfn.stop_execution(executionArn=execution)
+        agents = cast(SimulatedAgents, _NeverLaunched())
+        bound = 600 if job == "ended" else 0.2
+        started = time.monotonic()
+        with pytest.raises((RuntimeError, TimeoutError)) as raised:
+            _launched(agents, sfn, [execution], nodes=4, timeout=bound,
+                      waiting_for="every node to launch")  # fmt: skip
+    message = str(raised.value)
+    if job == "ended":
+        assert message == (
+            "the job ended ABORTED while the rehearsal waited for every node to launch "
+            "(0 of 4 nodes run RunTraining)"
+        )
+        assert time.monotonic() - started < bound / 2  # at once, not at the bound
+    else:
+        assert message == "waited 0.2 s for every node to launch: 0 of 4 nodes run RunTraining"

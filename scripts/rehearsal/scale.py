@@ -28,11 +28,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from scripts.cluster_lib.executions import execution_name
 from scripts.cluster_lib.job_inputs import prepare
@@ -54,7 +54,8 @@ CLUSTER_NAME = "scale"
 REAL_NODES = 6
 REAL_CORES = 16
 JOB_ID = "scale-rehearsal"
-T = TypeVar("T")
+#: How often a wait for the nodes also looks at the job (seconds).
+LOOK_SECONDS = 5.0
 
 
 @dataclass
@@ -163,14 +164,47 @@ def _timed_cli(cloud: LocalCloud, command: str) -> float:
     return time.monotonic() - started
 
 
-def _phase(
-    waiting_for: str, timeout: float, wait: Callable[..., T], *args: Any, **kwargs: Any
-) -> T:
-    """`wait(*args, **kwargs)`; a TimeoutError names what the rehearsal was waiting for."""
-    try:
-        return wait(*args, **kwargs)
-    except TimeoutError as error:
-        raise TimeoutError(f"waited {timeout} s for {waiting_for}: {error}") from None
+def _follow(client: Any, chain: list[str]) -> dict[str, Any]:
+    """The job's latest execution, described; `chain`, its executions so far, grows by each
+    successor that an ended one names (ContinuedAs: a retry's or a leg's hand-over). RUNNING
+    too while the job queue's dispatcher has yet to start the first."""
+    while True:
+        try:
+            described: dict[str, Any] = client.describe_execution(executionArn=chain[-1])
+        except client.exceptions.ExecutionDoesNotExist:
+            if len(chain) > 1:
+                raise
+            return {"status": "RUNNING"}
+        successor = json.loads(described.get("output") or "{}").get("ContinuedAs")
+        if described["status"] == "RUNNING" or not successor:
+            return described
+        chain.append(f"{chain[-1].rsplit(':', 1)[0]}:{successor}")
+
+
+def _launched(
+    agents: SimulatedAgents, client: Any, chain: list[str], *, nodes: int, timeout: float,
+    waiting_for: str, after: frozenset[str] = frozenset(),
+) -> frozenset[str]:  # fmt: skip
+    """`agents.wait_launched`, LOOK_SECONDS at a time: fails at once, with the job's status and
+    cause, where the job ended meanwhile, and after `timeout` (an upper bound only) naming
+    `waiting_for`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(deadline - time.monotonic(), 0.0)
+        try:
+            return agents.wait_launched(nodes, min(LOOK_SECONDS, left), after=after)
+        except TimeoutError as error:
+            described = _follow(client, chain)
+            if described["status"] != "RUNNING":
+                why = ": ".join(
+                    str(described[key])[:1000] for key in ("error", "cause") if described.get(key)
+                )
+                raise RuntimeError(
+                    f"the job ended {described['status']} while the rehearsal waited for "
+                    f"{waiting_for} ({error}){': ' + why if why else ''}"
+                ) from None
+            if left <= 0:
+                raise TimeoutError(f"waited {timeout} s for {waiting_for}: {error}") from None
 
 
 def rehearse(
@@ -227,7 +261,9 @@ def rehearse(
         queue.enqueue(JOB_ID, name, {"JobId": JOB_ID, **inputs.parameters(), **SETTINGS})
         queue.dispatch()
         execution = f"{arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
-        first = _phase("every node to launch", timeout, agents.wait_launched, nodes, timeout)
+        chain = [execution]
+        first = _launched(agents, client, chain, nodes=nodes, timeout=timeout,
+                          waiting_for="every node to launch")  # fmt: skip
         report.launch_seconds = time.monotonic() - started
         report.real_ranks = _real_ranks(cloud, agents, first)
         report.status_seconds = _timed_cli(cloud, "status")
@@ -236,21 +272,14 @@ def rehearse(
         (victim,) = [i for i in cloud.running() if i.slot == nodes // 2]
         died = time.monotonic()
         agents.die(victim)
-        second = _phase("every node to launch again after the death", timeout,
-                        agents.wait_launched, nodes, timeout, after=first)  # fmt: skip
+        second = _launched(agents, client, chain, nodes=nodes, timeout=timeout, after=first,
+                           waiting_for="every node to launch again after the death")  # fmt: skip
         report.retry_seconds = time.monotonic() - died
         report.real_ranks += _real_ranks(cloud, agents, second)
         agents.finish()
 
-        chain, deadline = [execution], time.monotonic() + timeout
-        while True:
-            described = client.describe_execution(executionArn=chain[-1])
-            if described["status"] != "RUNNING":
-                successor = json.loads(described.get("output") or "{}").get("ContinuedAs")
-                if not successor:
-                    break
-                chain.append(f"{chain[-1].rsplit(':', 1)[0]}:{successor}")
-                continue
+        deadline = time.monotonic() + timeout
+        while (described := _follow(client, chain))["status"] == "RUNNING":
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout} s for the job to end: it still runs")
             time.sleep(0.2)
