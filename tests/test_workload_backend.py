@@ -1,4 +1,5 @@
-"""Host-side coordination of the ranks (workload/backend.py: OneGroup, NodeTree).
+"""Host-side coordination of the ranks (workload/backend.py: OneGroup, NodeTree), and what a
+cpu process keeps out of its start (torch-xla).
 
 Under xla the trainer coordinates its ranks through a ``NodeTree``: a gloo group per node and
 one of the nodes' local rank 0s, never a group over all ranks, whose full mesh (one socket
@@ -129,3 +130,46 @@ def test_the_xla_path_opens_no_gloo_group_over_all_ranks() -> None:
             {"ranks": [0, 32], "backend": "gloo"},  # the nodes' leaders
         ],
     }
+
+
+# A cpu trainer's start as train.py makes it: the backend first, then transformers' model code.
+CPU_START_SCRIPT = """
+import json, os, sys
+from workload.backend import setup_backend
+backend = setup_backend("cpu")
+import transformers.models.bert.modeling_bert
+print(json.dumps({"kind": backend.kind, "torch_xla": "torch_xla" in sys.modules,
+                  "PJRT_DEVICE": os.environ.get("PJRT_DEVICE")}))
+"""
+
+
+def test_a_cpu_trainer_leaves_torch_xla_unimported() -> None:
+    """transformers and accelerate import torch-xla wherever it is installed (as here) unless
+    USE_TORCH_XLA is false; without setup_backend's default this reports torch_xla True and
+    PJRT_DEVICE "CPU", set by torch-xla itself."""
+    pytest.importorskip("torch_xla")
+    env = {k: v for k, v in os.environ.items() if k not in ("USE_TORCH_XLA", "PJRT_DEVICE")} | {
+        "PYTHONPATH": str(REPO_ROOT)
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", CPU_START_SCRIPT], env=env, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"kind": "cpu", "torch_xla": False, "PJRT_DEVICE": None}
+
+
+def test_the_switch_is_the_users_where_set_and_untouched_on_xla(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from workload import backend as b
+
+    monkeypatch.setenv("USE_TORCH_XLA", "1")
+    assert b.setup_backend("cpu").kind == "cpu"
+    assert os.environ["USE_TORCH_XLA"] == "1"
+    monkeypatch.delenv("USE_TORCH_XLA")
+    monkeypatch.setattr(b, "resolve_device_kind", lambda requested: "xla")
+    monkeypatch.setattr(b, "_setup_xla", lambda *args: "xla backend")
+    assert b.setup_backend("auto") == "xla backend"
+    assert "USE_TORCH_XLA" not in os.environ

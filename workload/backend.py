@@ -769,6 +769,20 @@ def _import_before_groups() -> None:
     import torch._dynamo  # noqa: F401
 
 
+def _without_torch_xla() -> None:
+    """Keep transformers and accelerate from importing torch-xla in a cpu or cuda process.
+
+    Both import ``torch_xla.core.xla_model`` when they are first imported and torch-xla is
+    installed, unless ``USE_TORCH_XLA`` is false (accelerate's ``utils/imports.py`` and
+    transformers' ``utils/import_utils.py`` read it then; accelerate's documented switch "to
+    train a native pytorch job in an environment with torch xla installed"). The import costs
+    about 1.7 CPU-s (5.5 against 3.9 CPU-s, ``/usr/bin/time python -c 'import
+    transformers.models.bert.modeling_bert'`` with and without it), sets ``PJRT_DEVICE=CPU``
+    and warns so, and lets a ``Trainer`` move the model to the XLA device. Set here, before
+    train.py or bench.py imports transformers; a value the user set is kept."""
+    os.environ.setdefault("USE_TORCH_XLA", "0")
+
+
 def setup_backend(
     device: str = "auto",
     precision: str = "auto",
@@ -787,6 +801,7 @@ def setup_backend(
 
     if kind == "xla":
         return _setup_xla(precision, launched, env_world, local_world, timeout)
+    _without_torch_xla()
 
     if kind == "cuda":
         torch.cuda.set_device(local_rank)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import tempfile
 from dataclasses import asdict, fields
@@ -197,10 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         backend = setup_backend(args.device, args.precision)
     except BackendError as exc:
         raise BenchError(str(exc)) from None
-    if backend.kind != "xla":
-        # transformers and accelerate move a Trainer to the XLA device whenever torch-xla is
-        # installed; keep the baseline on the device the benchmark runs on.
-        os.environ.setdefault("USE_TORCH_XLA", "0")
+    # setup_backend keeps torch-xla out of a cpu or cuda run (USE_TORCH_XLA=0), so the
+    # Trainer baseline stays on the device the benchmark runs on.
     try:
         if backend.world_size > 1:
             raise BenchError("run the benchmark as one process (not under torchrun)")

@@ -625,10 +625,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = setup_backend(config.device, config.precision)
     except BackendError as exc:
         return _fail(exc, 2, show=rank == 0)
-    if backend.kind != "xla":
-        # transformers imports torch-xla whenever it is installed (which also sets
-        # PJRT_DEVICE); an eager job needs neither. Set before transformers is imported.
-        os.environ.setdefault("USE_TORCH_XLA", "0")
     try:
         train(config, backend, started)
         return 0
