@@ -18,10 +18,12 @@ lists it without a status for a moment and fails a ListExecutions with a statusF
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,12 +146,51 @@ def test_definitions_are_parsed_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -
         return visit(self, ctx)
 
     monkeypatch.setattr(preprocessor.Preprocessor, "visitState_machine", watched)
-    definition = json.dumps({"StartAt": "A", "States": {"A": {"Type": "Succeed"}}})
+    # A definition of this test's own: one parsed before in this process is not parsed again.
+    state = f"A{uuid.uuid4().hex}"
+    definition = json.dumps({"StartAt": state, "States": {state: {"Type": "Succeed"}}})
     asl_parser.AmazonStateLanguageParser.parse(definition)
     with parses_one_at_a_time():
         asl_parser.AmazonStateLanguageParser.parse(definition)
     asl_parser.AmazonStateLanguageParser.parse(definition)
     assert held == [False, True, False], held
+
+
+def test_a_definition_is_parsed_once_in_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rehearsals of one process (the tests start one after another) share each
+    definition's program; the least recently used go past PARSED_KEPT definitions."""
+    from moto.stepfunctions.parser.asl.parse import asl_parser, preprocessor
+
+    from scripts.rehearsal import supervisor
+
+    visits: list[int] = []
+    visit = preprocessor.Preprocessor.visitState_machine
+
+    def counted(self: Any, ctx: Any) -> Any:
+        visits.append(1)
+        return visit(self, ctx)
+
+    monkeypatch.setattr(preprocessor.Preprocessor, "visitState_machine", counted)
+    monkeypatch.setattr(supervisor, "PARSED_KEPT", 2)
+    monkeypatch.setattr(supervisor, "PARSED", collections.OrderedDict())
+    names = [f"S{uuid.uuid4().hex}" for _ in range(3)]
+    first, second, third = (
+        json.dumps({"StartAt": n, "States": {n: {"Type": "Succeed"}}}) for n in names
+    )
+    parse = asl_parser.AmazonStateLanguageParser.parse
+    programs = []
+    for _ in range(2):  # two rehearsals, one after the other
+        with supervisor.parses_one_at_a_time():
+            programs.append(asl_parser.AmazonStateLanguageParser.parse(first))
+            asl_parser.AmazonStateLanguageParser.parse(first)
+    assert len(visits) == 1 and programs[0] is programs[1]
+    with supervisor.parses_one_at_a_time():
+        for definition in (second, third):  # the first is the least recently used: it goes
+            asl_parser.AmazonStateLanguageParser.parse(definition)
+        assert list(supervisor.PARSED) == [second, third]
+        asl_parser.AmazonStateLanguageParser.parse(first)
+    assert len(visits) == 4 and list(supervisor.PARSED) == [third, first]
+    assert asl_parser.AmazonStateLanguageParser.parse is parse  # moto's own once more
 
 
 def _token_sent_past_an_unstarted_execution(adjusted: bool) -> tuple[str, str]:

@@ -15,6 +15,7 @@ where it is missing.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -450,6 +451,9 @@ def stops_stay_stopped() -> Iterator[None]:
 
 #: Held while moto parses a definition (parses_one_at_a_time).
 PARSE_LOCK = threading.Lock()
+#: Definitions parsed in this process, most recently used last, and how many are kept.
+PARSED: collections.OrderedDict[str, Any] = collections.OrderedDict()
+PARSED_KEPT = 32
 
 
 @contextlib.contextmanager
@@ -469,18 +473,25 @@ def parses_one_at_a_time() -> Iterator[None]:
     the same few definitions). The parsed components keep no state of an evaluation: that
     lives in each execution's Environment and in the workers a Map or Parallel makes when it
     runs (moto/stepfunctions/parser/asl/component: no component assigns to itself outside
-    its constructor but EvalComponent.heap_key, a key into each Environment's own heap)."""
+    its constructor but EvalComponent.heap_key, a key into each Environment's own heap).
+    The programs outlive one rehearsal (PARSED, the last PARSED_KEPT definitions): the tests
+    start a rehearsal of the same templates again and again in one process, and the
+    supervisor's definition took about 1 CPU-s to parse each time (18 parses, 6.4 CPU-s, in
+    tests/test_supervisor_faults.py's 8 tests; 3 definitions)."""
     from moto.stepfunctions.parser.asl.parse import asl_parser
 
     parser = asl_parser.AmazonStateLanguageParser
     original = parser.parse
-    parsed: dict[str, Any] = {}
 
     def parse(definition: str) -> Any:
         with PARSE_LOCK:
-            if definition not in parsed:
-                parsed[definition] = original(definition)
-            return parsed[definition]
+            if definition in PARSED:
+                PARSED.move_to_end(definition)
+            else:
+                PARSED[definition] = original(definition)
+                while len(PARSED) > PARSED_KEPT:
+                    PARSED.popitem(last=False)
+            return PARSED[definition]
 
     parser.parse = staticmethod(parse)  # type: ignore[method-assign]
     try:
