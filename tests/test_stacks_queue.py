@@ -497,3 +497,39 @@ def test_the_rule_has_delivered_an_event_only_once_its_dispatcher_started() -> N
     delivering.join(60)
     settling.join(60)
     assert not settling.is_alive() and client.dispatchers == [rule.delivered[0]["id"]]
+
+
+def test_the_rule_goes_through_the_api_only_when_an_execution_ended_undelivered() -> None:
+    """RuleEmulator.undelivered reads moto's backend: false while the supervisor's execution
+    runs, true once it ended (stopped here) until its event is delivered, false after."""
+    import boto3
+    from moto import mock_aws
+
+    from scripts.rehearsal.job_queue import ACCOUNT, RuleEmulator
+
+    role = f"arn:aws:iam::{ACCOUNT}:role/test"
+    waits = {"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": True}}}
+    ends = {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        client = boto3.client("stepfunctions", region_name="us-east-1")
+        supervisor, dispatcher = (
+            client.create_state_machine(name=name, definition=json.dumps(body), roleArn=role)[
+                "stateMachineArn"
+            ]
+            for name, body in (("supervisor", waits), ("dispatcher", ends))
+        )
+        rule = RuleEmulator(boto3, "us-east-1", {"source": ["aws.states"]}, supervisor, dispatcher)
+        assert not rule.undelivered()
+        arn = client.start_execution(stateMachineArn=supervisor, name="job-1")["executionArn"]
+        assert not rule.undelivered()  # RUNNING: the Wait state holds it for an hour
+        client.stop_execution(executionArn=arn)
+        deadline = time.monotonic() + 60  # moto ends the stopped execution on its own thread
+        while client.describe_execution(executionArn=arn)["status"] == "RUNNING":
+            assert time.monotonic() < deadline, "the stopped execution still runs after 60 s"
+            assert not rule.undelivered()
+            time.sleep(0.05)
+        assert client.describe_execution(executionArn=arn)["status"] == "ABORTED"
+        assert rule.undelivered()
+        rule.deliver(client)
+        assert [e["detail"]["executionArn"] for e in rule.delivered] == [arn]
+        assert not rule.undelivered()
