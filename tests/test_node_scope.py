@@ -115,3 +115,35 @@ def test_a_stop_sees_a_process_end_within_a_tenth_of_a_second_then_looks_each_se
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0.05", "0.1", "0.2", "ended"]
+
+
+# process_start_time and still_running (lib.sh) on a process whose name holds ") " and spaces,
+# against Python's reading of the same field (field 22 of /proc/<pid>/stat, proc(5): the
+# fields after the name's last ") " start at field 3); then once the process is gone.
+START_HARNESS = """set -Eeuo pipefail
+source scripts/node/lib.sh
+ln -s "$(command -v sleep)" "$1/x) y (z"
+"$1/x) y (z" 300 &
+target=$!
+while [[ $(cat "/proc/$target/comm") != "x) y (z" ]]; do command sleep 0.05; done
+start=$(process_start_time "$target")
+field22='import sys; print(open(sys.argv[1]).read().rsplit(") ", 1)[1].split()[19])'
+echo "$start $(python3 -c "$field22" "/proc/$target/stat")"
+still_running "$target" "$start" && echo running
+still_running "$target" "$((start + 1))" || echo other
+kill "$target"; wait "$target" || true
+still_running "$target" "$start" || echo gone
+echo "[$(process_start_time "$target")]"
+"""
+
+
+def test_the_watchdog_reads_a_process_start_time_as_proc_has_it(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", "-c", START_HARNESS, "harness", str(tmp_path)], cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    first, *rest = result.stdout.splitlines()
+    ours, proc = first.split()
+    assert ours == proc and ours.isdigit(), first
+    assert rest == ["running", "other", "gone", "[]"], result.stdout
