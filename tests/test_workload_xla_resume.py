@@ -173,8 +173,10 @@ def test_the_first_step_after_a_resume_traces_the_steady_state_graph(tmp_path: P
 
 # -- kill and resume -----------------------------------------------------------------------------
 
-#: train.py, SIGKILLed at the first step it starts once checkpoint ``step`` is complete (a
-#: save in flight is waited for: the process dies only when the checkpoint is there).
+#: train.py, SIGKILLed at the first step it starts once checkpoint ``step`` is complete. That
+#: one save is waited for where it is submitted: written in the background, it could still be in
+#: flight when the job's last step had started on a loaded machine (its steps take
+#: milliseconds), and the job then ran to its end unkilled.
 KILL_AFTER_SAVE = textwrap.dedent(
     """
     import os, signal, sys
@@ -182,6 +184,14 @@ KILL_AFTER_SAVE = textwrap.dedent(
     sys.path.insert(0, {repo!r})
     import workload.train as train
     from workload.checkpoint import list_checkpoints
+    from workload.checkpoint_writer import CheckpointWriter
+
+    submit = CheckpointWriter.submit
+
+    def submit_and_finish(self, step, model, trainer_state):
+        submit(self, step, model, trainer_state)
+        if step == {step}:
+            self.wait()
 
     class KilledAfterSave(train.TrainStep):
         def __call__(self, batch):
@@ -189,6 +199,7 @@ KILL_AFTER_SAVE = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGKILL)
             return super().__call__(batch)
 
+    CheckpointWriter.submit = submit_and_finish
     train.TrainStep = KilledAfterSave
     sys.exit(train.main())
     """
