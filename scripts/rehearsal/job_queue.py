@@ -152,8 +152,9 @@ class RuleEmulator:
         backend in memory, so that the rule goes through the API (deliver) only when there is
         something to deliver. Through the API every look cost a ListExecutions request made,
         dispatched and answered by botocore and moto, ten a second for the whole rehearsal:
-        about a tenth of a core, most of the test process's CPU in the queue tests (py-spy
-        --gil: 18% of tests/test_job_queue.py's two queued jobs)."""
+        about a tenth of a core, the largest share of the test process's CPU of anything the
+        rehearsal ran (py-spy --gil: 18% of tests/test_job_queue.py's two queued jobs, 0.5%
+        after)."""
         from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
         backend = stepfunctions_parser_backends[ACCOUNT][self.region]
