@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import botocore.session
 import pytest
@@ -16,10 +16,13 @@ from botocore.validate import validate_parameters
 
 from scripts.cluster_lib.progress import PHASES as SCHEMA_PHASES
 from scripts.cluster_lib.progress import read
+from scripts.rehearsal import metrics_stand_in
+from scripts.rehearsal.logs_stand_in import LogsStandIn
 from scripts.rehearsal.metric_filter import (
     Datapoint,
     FilterSyntaxError,
     MetricFilter,
+    json_event,
     parse,
     template_filters,
 )
@@ -181,3 +184,74 @@ def test_the_stand_ins_matcher_refuses_what_it_does_not_implement() -> None:
                 ],
             }
         )  # fmt: skip
+
+
+class _ShippedLogs:
+    """What MetricsStandIn reads of the logs stand-in: the training log group's streams, a
+    shipped stream as its growing list of events and a command's output as a file."""
+
+    training_log_group = "/trainium-cluster/trainium/training"
+
+    def __init__(self, output: Path) -> None:
+        self.shipped: dict[str, list[dict[str, Any]]] = {"i-0/metrics": []}
+        self.output = output
+
+    def _streams(self, group: str) -> dict[str, Any]:
+        assert group == self.training_log_group
+        return {**self.shipped, "cmd/i-0/RunTraining/stdout": self.output}
+
+    @staticmethod
+    def _events(source: Any) -> list[dict[str, Any]]:
+        return LogsStandIn._events(source)
+
+    def ship(self, stream: str, lines: list[str], stamp: int) -> None:
+        events = self.shipped.setdefault(stream, [])
+        events.extend({"timestamp": stamp, "message": m, "ingestionTime": stamp} for m in lines)
+
+
+def test_the_metrics_stand_in_reads_each_event_once_and_answers_as_if_anew(
+    default: Synth, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GetMetricData's datapoints as events are shipped and a command's output grows between
+    calls: the same as a stand-in that reads every event for the first time, each shipped
+    message parsed once (not once a filter and a call: every execution's polls ask again and
+    again), a command's output file read again only once it changed, and then at its new time."""
+    template = default.templates["operations"]
+    filters = template_filters(template, training_log_group(template))
+    lines = logger_lines(tmp_path, monkeypatch)
+    output = tmp_path / "stdout"
+    output.write_text(lines[0] + "\n")
+    logs = _ShippedLogs(output)
+    parsed: list[str] = []
+
+    def counted(message: str) -> dict[str, Any] | None:
+        parsed.append(message)
+        return json_event(message)
+
+    monkeypatch.setattr(metrics_stand_in, "json_event", counted)
+    metrics = metrics_stand_in.MetricsStandIn(cast(Any, logs), filters)
+    answers = []
+    for stream, shipped, stamp, printed in (
+        ("i-0/metrics", lines[:2], 60_000, None),
+        ("i-0/metrics", [*lines[2:4], "not json", "[1]"], 120_000, None),
+        ("i-1/metrics", lines[4:], 180_000, "a line of a command's output"),
+        ("i-1/metrics", [], 240_000, None),
+    ):
+        logs.ship(stream, shipped, stamp)
+        if printed is not None:
+            with output.open("a") as f:
+                f.write(printed + "\n")
+        answers.append(metrics.datapoints())
+        parsed_by_metrics = len(parsed)
+        anew = metrics_stand_in.MetricsStandIn(cast(Any, logs), filters)
+        assert sorted(answers[-1], key=repr) == sorted(anew.datapoints(), key=repr)
+        del parsed[parsed_by_metrics:]
+    assert [len(points) for points in answers] == [6, 10, 14, 14]  # 2 a line, 2 from stdout
+    shipped_messages = [e["message"] for events in logs.shipped.values() for e in events]
+    printed_twice = [lines[0], lines[0], "a line of a command's output"]
+    assert sorted(parsed) == sorted(shipped_messages + printed_twice)
+    stamp = int(output.stat().st_mtime * 1000) / 1000
+    assert sum(1 for seconds, _ in answers[-1] if seconds == stamp) == 2
+    # JSON's whitespace may come before the object; a message that is no object is not one
+    assert json_event(' \t\r\n{"step": 1}') == {"step": 1}
+    assert [json_event(m) for m in ("[1]", "\xa0{}", "{", "1", "")] == [None] * 5

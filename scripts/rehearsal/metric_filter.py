@@ -169,11 +169,12 @@ class MetricFilter:
 
     def datapoint(self, message: str) -> Datapoint | None:
         """What one log event's message publishes: a datapoint, or None."""
-        try:
-            event = json.loads(message)
-        except ValueError:
-            return None
-        if not isinstance(event, dict) or not self.expression.matches(event):
+        event = json_event(message)
+        return None if event is None else self.datapoint_of(event)
+
+    def datapoint_of(self, event: dict[str, Any]) -> Datapoint | None:
+        """What a log event whose message is the JSON object `event` publishes."""
+        if not self.expression.matches(event):
             return None
         value = event.get(self.value)
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -182,6 +183,20 @@ class MetricFilter:
             return None
         dimensions = tuple((key, str(event.get(field))) for key, field in self.dimensions)
         return Datapoint(self.namespace, self.name, dimensions, float(value))
+
+
+def json_event(message: str) -> dict[str, Any] | None:
+    """A log event's message as the JSON object a filter pattern of the JSON form reads, or None
+    where it is not one (such a pattern matches no other message). A message that does not
+    start with "{" after JSON's whitespace is no object, and is not parsed: most of what the
+    training log group holds is the commands' plain output."""
+    if message.lstrip(" \t\n\r")[:1] != "{":
+        return None
+    try:
+        event = json.loads(message)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def template_filters(template: dict[str, Any], log_group: str | None = None) -> list[MetricFilter]:

@@ -14,14 +14,16 @@ validate_answer) before the caller sees it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from botocore.utils import parse_timestamp
 
-from scripts.rehearsal.logs_stand_in import LogsStandIn
-from scripts.rehearsal.metric_filter import Datapoint, MetricFilter
+from scripts.rehearsal.logs_stand_in import Event, LogsStandIn
+from scripts.rehearsal.metric_filter import Datapoint, MetricFilter, json_event
 from scripts.rehearsal.ssm_stand_in import LocalError
 
 STATISTICS: dict[str, Callable[[list[float]], float]] = {
@@ -30,6 +32,10 @@ STATISTICS: dict[str, Callable[[list[float]], float]] = {
     "Sum": sum,
     "SampleCount": lambda values: float(len(values)),
 }
+
+
+#: A datapoint at its event's time (seconds).
+Point = tuple[float, Datapoint]
 
 
 def _seconds(value: Any) -> float:
@@ -47,17 +53,53 @@ class MetricsStandIn:
         self.filters = filters
         #: Every request, as botocore passed it (a test reads what was asked).
         self.requests: list[dict[str, Any]] = []
+        #: A shipped stream's events only grow (logs_stand_in.py `_ship`), and an event's
+        #: datapoints are made once, at ingestion: per stream, the events read and their points.
+        self._published: dict[str, tuple[int, list[Point]]] = {}
+        #: A command's output file is read again only once it changed (its size or its time,
+        #: which is its events' time): per file, the (mtime, size) read and its points.
+        self._files: dict[Path, tuple[tuple[int, int], list[Point]]] = {}
+        self._lock = threading.Lock()
 
-    def datapoints(self) -> list[tuple[float, Datapoint]]:
-        """(seconds, datapoint) for every event of the training log group the filters match."""
+    def _points(self, events: list[Event]) -> list[Point]:
+        found = []
+        for event in events:
+            parsed = json_event(event["message"])  # once for every filter
+            if parsed is None:
+                continue
+            for metric_filter in self.filters:
+                point = metric_filter.datapoint_of(parsed)
+                if point is not None:
+                    found.append((event["timestamp"] / 1000, point))
+        return found
+
+    def _file_points(self, path: Path) -> list[Point]:
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            read = self._files.get(path)
+        if read is not None and read[0] == version:
+            return read[1]
+        points = self._points(self.logs._events(path))
+        with self._lock:  # if the file changed since its stat, the next look reads it again
+            self._files[path] = (version, points)
+        return points
+
+    def datapoints(self) -> list[Point]:
+        """(seconds, datapoint) for every event of the training log group the filters match:
+        at 1,024 nodes, the commands' output alone is thousands of files and more than a
+        million lines (tests/test_scale_rehearsal.py), asked for at every poll."""
         found = []
         streams = self.logs._streams(self.logs.training_log_group)
-        for source in streams.values():
-            for event in self.logs._events(source):
-                for metric_filter in self.filters:
-                    point = metric_filter.datapoint(event["message"])
-                    if point is not None:
-                        found.append((event["timestamp"] / 1000, point))
+        for name, source in streams.items():
+            if not isinstance(source, list):
+                found.extend(self._file_points(source))
+                continue
+            with self._lock:
+                read, points = self._published.setdefault(name, (0, []))
+                points.extend(self._points(source[read:]))
+                self._published[name] = (len(source), points)
+            found.extend(points)
         return found
 
     def _cloudwatch_GetMetricData(self, params: dict[str, Any]) -> dict[str, Any]:
