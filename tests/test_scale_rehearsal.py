@@ -12,15 +12,20 @@ and history far below Step Functions' quotas.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import resource
 import subprocess
+import threading
 import time
+import uuid
 from pathlib import Path
-from typing import cast
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
+from scripts.rehearsal import fleet
 from scripts.rehearsal.fleet import SimulatedAgents
 from scripts.rehearsal.scale import HISTORY_LIMIT, PAYLOAD_LIMIT, _launched, rehearse
 from stacks.supervisor_limits import INVOCATIONS_PAGE, SEND_BATCH, batches
@@ -171,3 +176,80 @@ def test_a_wait_for_the_nodes_names_what_it_waited_for_and_ends_with_the_job(job
         assert time.monotonic() - started < bound / 2  # at once, not at the bound
     else:
         assert message == "waited 0.2 s for every node to launch: 0 of 4 nodes run RunTraining"
+
+
+class _WindingDown:
+    """A real node's launch.sh for SimulatedAgents: it exits 0 once told to (the exit file
+    that `_tell` writes) and, where `held`, only once the test lets it."""
+
+    def __init__(self, told: Path, held: threading.Event | None = None) -> None:
+        self.told, self.held = told, held
+
+    def poll(self) -> int | None:
+        if not self.told.is_file() or (self.held is not None and not self.held.is_set()):
+            return None
+        return 0
+
+    def kill(self) -> None:
+        raise AssertionError("finish ends every node well")
+
+
+def test_finish_ends_a_real_nodes_batch_as_soon_as_its_script_has_exited(tmp_path: Path) -> None:
+    """Three batches of three nodes (one SendCommand each): the first and the last each with a
+    real node, whose invocation ends only once its script exits, the last's at once and the
+    first's when the test lets it. The last batch's simulated nodes end as soon as its real one
+    has exited, while the first batch's real node still winds down, so that a batch's
+    invocations end within its FailureGraceSeconds of each other whatever the machine's pace;
+    then the first batch, then the other. Ended after every real node (as before), the last
+    batch's simulated nodes waited for the first batch's real node and a thousand other nodes."""
+    commands = sorted(str(uuid.uuid4()) for _ in range(3))
+    agents = SimulatedAgents(cast(Any, None))
+    ended: list[str] = []
+    real_end = agents._end
+
+    def end(key: str, code: int, *, ending: str = "") -> None:
+        ended.append(key)
+        if key in agents.real:
+            real_end(key, code, ending=ending)
+        else:
+            with agents._changed:
+                agents.running.pop(key)
+
+    held = threading.Event()
+    keys = {}
+    for b, command in enumerate(commands):
+        for n in range(3):
+            instance = SimpleNamespace(instance_id=f"i-{b}{n}", state="running",
+                                       root=tmp_path / f"{b}{n}")  # fmt: skip
+            instance.root.mkdir()
+            folder = instance.root / "invocation"
+            key = keys[b, n] = f"{command}-{instance.instance_id}"
+            agents.running[key] = fleet._Running(folder, cast(Any, instance), "RunTraining", 0.0)
+            if (b, n) in ((0, 0), (2, 2)):
+                script = _WindingDown(instance.root / f"{command}.exit", held if b == 0 else None)
+                invocation = SimpleNamespace(folder=folder, instance=instance)
+                agents.real[key] = fleet._Real(key, command, invocation, cast(Any, script), 0.0)
+                (instance.root / f"{command}.started").touch()
+                folder.mkdir()
+    agents._end = end  # type: ignore[method-assign]
+    finishing = threading.Thread(target=agents.finish, kwargs={"timeout": 60})
+    try:
+        finishing.start()
+        last_batch = {keys[2, 0], keys[2, 1]}
+        bound = time.monotonic() + 60  # an upper bound: the watcher looks every 0.2 s
+        while not last_batch <= set(ended):
+            assert time.monotonic() < bound, f"the last batch still runs; ended: {ended}"
+            time.sleep(0.05)
+        assert keys[0, 1] not in ended and keys[1, 0] not in ended
+    finally:
+        held.set()
+        finishing.join(60)
+        agents.close()
+    assert not finishing.is_alive()
+    assert ended[:2] == [keys[0, 0], keys[2, 2]]  # the real nodes told first
+    assert ended[2:] == [keys[2, 0], keys[2, 1], keys[0, 1], keys[0, 2],
+                         keys[1, 0], keys[1, 1], keys[1, 2]]  # fmt: skip
+    assert agents.running == {} and agents.real == {}
+    for b, n in ((0, 0), (2, 2)):
+        status = json.loads((tmp_path / f"{b}{n}" / "invocation" / "status.json").read_text())
+        assert status["status"] == "Success"

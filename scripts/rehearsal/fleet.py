@@ -385,26 +385,44 @@ class SimulatedAgents:
                 self._changed.wait(min(left, 1.0))
 
     def finish(self, timeout: float = 300.0) -> None:
-        """Every running trainer ends well (launch.sh's status 0): the real nodes first, the
-        simulated ones once every real node's script has exited. A simulated invocation ends
-        at once and a real one after launch.sh winds down, and the first invocation of a
-        batch to end starts its FailureGraceSeconds for the rest (5 s in the scale
-        rehearsal), after which the supervisor cancels whatever still runs. Ended together,
-        a real node that took longer than the grace on a busy machine was cancelled and the
-        attempt failed ("RunTraining ended Cancelled"). `timeout` is an upper bound only."""
+        """Every running trainer ends well (launch.sh's status 0), a batch's invocations close
+        together: the first invocation of a batch (one SendCommand) to end starts its
+        FailureGraceSeconds for the rest (5 s in the scale rehearsal), after which the
+        supervisor cancels whatever still runs and the attempt fails ("RunTraining ended
+        Cancelled"). A real node's invocation ends only once launch.sh has wound down, so
+        the real nodes are told first, and the simulated nodes of a real node's batch end as
+        soon as that node's script has exited; then every other batch, one after the other.
+        Ended node by node instead, the last batch's real nodes ended first and its simulated
+        ones after a thousand other nodes' output was written: more than the grace on a busy
+        machine. `timeout` is an upper bound only."""
         keys = self.training()
         real = [key for key in keys if key in self.real]
+        batches: dict[str, list[str]] = {}
+        for key in keys:
+            if key not in self.real:
+                batches.setdefault(key[:36], []).append(key)  # <command ID>-<instance ID>
         for key in real:
             self._end(key, 0)
         deadline = time.monotonic() + timeout
-        with self._changed:
-            while waiting := [key for key in real if key in self.real]:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{len(waiting)} real nodes still run RunTraining")
-                self._changed.wait(min(left, 1.0))
-        for key in keys:
-            if key not in real:
+        while True:
+            with self._changed:
+                while True:
+                    waiting = [key for key in real if key in self.real]
+                    exited = {key[:36] for key in real if key not in self.real}
+                    due = [command for command in exited if command in batches]
+                    if due or not waiting:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"{len(waiting)} real nodes still run RunTraining")
+                    self._changed.wait(min(left, 1.0))
+            for command in due:
+                for key in batches.pop(command):
+                    self._end(key, 0)
+            if not waiting:
+                break
+        for mates in batches.values():
+            for key in mates:
                 self._end(key, 0)
 
     def fail(self, instance: Instance, code: int = 1) -> None:
