@@ -88,7 +88,7 @@ class MetricsStandIn:
     def datapoints(self) -> list[Point]:
         """(seconds, datapoint) for every event of the training log group the filters match:
         at 1,024 nodes, the commands' output alone is thousands of files and more than a
-        million lines (tests/test_scale_rehearsal.py), asked for at every poll."""
+        million lines (tests/test_scale_rehearsal.py), and each progress read asks again."""
         found = []
         streams = self.logs._streams(self.logs.training_log_group)
         for name, source in streams.items():
