@@ -147,9 +147,11 @@ def test_the_cli_takes_the_region_from_the_file(root: Path) -> None:
         ([], "error: clusters/{name}.yaml: node_cout is not a setting"),
     ],
 )
-def test_the_real_synth_reads_the_file(settings: list[str], message: str) -> None:
+def test_the_real_synth_reads_the_file(settings: list[str], message: str, tmp_path: Path) -> None:
     """`npx cdk synth -c cluster=<name>` through app.py: the file is read, a contradicting -c
-    (or a bad key in the file) ends the synth with the app's one line."""
+    (or a bad key in the file) ends the synth with the app's one line. Into a folder of its
+    own: the CDK CLI refuses a second synth into a cdk.out that one is writing ("Another CLI
+    (PID=…) is currently synthing to cdk.out"), and under xdist the two cases can run at once."""
     npx = shutil.which("npx")
     assert npx is not None, "npx not found: run `make setup`"
     name = f"t{os.getpid()}"
@@ -158,8 +160,9 @@ def test_the_real_synth_reads_the_file(settings: list[str], message: str) -> Non
     path.write_text("node_count: 4\n" + ("node_cout: 4\n" if not settings else ""))
     try:
         context_args = [a for s in [f"cluster={name}", *settings] for a in ("-c", s)]
+        out = str(tmp_path / "cdk.out")
         result = subprocess.run(
-            [npx, "--no-install", "cdk", "synth", "--quiet", *context_args],
+            [npx, "--no-install", "cdk", "synth", "--quiet", *context_args, "--output", out],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
