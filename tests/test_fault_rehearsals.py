@@ -369,3 +369,40 @@ def test_the_stand_ins_fi_info_lists_each_efa_device_as_fi_info_does(tmp_path: P
     gone_all = fi_info("-p", "efa", "-t", "FI_EP_RDM")
     assert (gone_all.returncode, gone_all.stdout) == (61, "")
     assert gone_all.stderr == "fi_getinfo: -61 (No data available)\n"
+
+
+@pytest.mark.netns
+def test_the_stand_ins_neuron_ls_lists_the_trainers_of_its_own_node_only(tmp_path: Path) -> None:
+    """The nodes' fake neuron-ls names, as processes holding NeuronCores, the trainers in its
+    own network namespace (a rehearsal node) and no other node's, nor its own grep's."""
+    import subprocess
+    import sys
+
+    from scripts.rehearsal.instances import FAKE_NEURON_LS
+
+    script = tmp_path / "neuron-ls"
+    script.write_text(FAKE_NEURON_LS.replace("__CORES__", "2"))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)", "train.py"]
+    here = subprocess.Popen(sleeper)
+    other = subprocess.Popen(["unshare", "--net", *sleeper])  # unshare execs the trainer
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        for process in (here, other):  # started: its command line reads as the trainer's
+            deadline = time.monotonic() + 30
+            while b"train.py" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
+                assert time.monotonic() < deadline, "the trainer did not start"
+                time.sleep(0.05)
+
+        def pids(*enter: str) -> list[int]:
+            ls = subprocess.run([*enter, "bash", str(script), "-j"], capture_output=True,
+                                text=True, check=True)  # fmt: skip
+            (device,) = json.loads(ls.stdout)
+            assert device["nc_count"] == 2
+            return [p["pid"] for p in device["neuron_processes"]]
+
+        assert pids() == [here.pid]
+        assert pids("nsenter", "--target", str(other.pid), "--net") == [other.pid]
+    finally:
+        for process in (here, other, idle):
+            process.kill()
+            process.wait()

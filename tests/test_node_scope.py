@@ -147,3 +147,36 @@ def test_the_watchdog_reads_a_process_start_time_as_proc_has_it(tmp_path: Path) 
     ours, proc = first.split()
     assert ours == proc and ours.isdigit(), first
     assert rest == ["running", "other", "gone", "[]"], result.stdout
+
+
+# job_pids (lib.sh) on two processes of one job and node: one here whose name holds ") Z ("
+# (field 3 of a plain split of its /proc/<pid>/stat reads "Z", as a zombie's state would), one
+# in another network namespace (another rehearsal node). Only they carry the job's tags.
+PIDS_HARNESS = """set -Eeuo pipefail
+source scripts/node/lib.sh
+STATE_DIR=$1
+tags=(TRAINIUM_JOB_ID=pids-scope TRAINIUM_NODE_ADDRESS=127.0.0.1 "TRAINIUM_STATE_DIR=$1")
+ln -s "$(command -v sleep)" "$1/x) Z (y"
+env "${tags[@]}" "$1/x) Z (y" 300 &
+here=$!
+unshare --net env "${tags[@]}" sleep 301 &
+there=$!
+while [[ $(cat "/proc/$here/comm") != "x) Z (y" || $(cat "/proc/$there/comm") != sleep ]]; do
+  command sleep 0.05
+done
+echo "$here" $(job_pids pids-scope 127.0.0.1)
+kill "$here" "$there"
+"""
+
+
+@pytest.mark.netns
+def test_job_pids_finds_the_nodes_processes_whatever_their_name(tmp_path: Path) -> None:
+    """job_pids names a job process of this node even where its name reads like a zombie's
+    state, and not the same job's process on another node (another network namespace)."""
+    result = subprocess.run(
+        ["bash", "-c", PIDS_HARNESS, "harness", str(tmp_path)], cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    here, *found = result.stdout.split()
+    assert found == [here], result.stdout

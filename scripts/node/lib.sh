@@ -477,7 +477,7 @@ require_ready() {
 # share one machine and one address (the tests, a loopback rehearsal, two test runs side by
 # side), each has its own, so stopping one node's leftovers never ends another's job.
 job_pids() {
-  local job=$1 node=${2:-} leg=${3:-} files pid own_net
+  local job=$1 node=${2:-} leg=${3:-} files pid stat
   if [[ $job == "*" ]]; then
     files=$(grep -lzE "^TRAINIUM_JOB_ID=.+" /proc/[0-9]*/environ 2>/dev/null || true)
   else
@@ -495,14 +495,17 @@ job_pids() {
     # shellcheck disable=SC2086
     files=$(grep -lzxF "TRAINIUM_LEG=$leg" $files 2>/dev/null || true)
   fi
-  own_net=$(readlink /proc/self/ns/net 2>/dev/null || true)
   for pid in $files; do
     pid=${pid#/proc/}
     pid=${pid%/environ}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
     # Only this node's: a rehearsal runs several nodes (network namespaces) on one machine.
-    [[ $(readlink "/proc/$pid/ns/net" 2>/dev/null || true) == "$own_net" ]] || continue
-    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true) == Z ]] && continue
+    # -ef: the same namespace (its device and inode); no readlink, no fork per process.
+    [[ /proc/$pid/ns/net -ef /proc/self/ns/net ]] || continue
+    # Not a zombie: the state follows the command name's ")" (the name may hold spaces).
+    read -r stat 2>/dev/null <"/proc/$pid/stat" || continue
+    stat=${stat##*) }
+    [[ ${stat%% *} == Z ]] && continue
     echo "$pid"
   done
 }

@@ -49,17 +49,16 @@ BOOTSTRAP_FAILED_MARKER = "/var/lib/trainium-cluster/failed"
 # Fake Neuron and EFA tools, installed at their DLAMI paths inside each node. neuron-ls
 # reports one device whose cores are "in use" by the trainers running in this node's network
 # namespace, as the real one lists the processes that hold NeuronCores.
-FAKE_NEURON_LS = r"""#!/bin/sh
+FAKE_NEURON_LS = r"""#!/bin/bash
 [ "$1" = -j ] || { echo "neuron-ls (rehearsal): only -j is supported" >&2; exit 2; }
 echo "WARNING: rehearsal node: no real Neuron device" >&2
-own=$(readlink /proc/self/ns/net)
 busy=""
-for dir in /proc/[0-9]*; do
-  [ "$(readlink "$dir/ns/net" 2>/dev/null)" = "$own" ] || continue
-  cmd=$(tr '\0' ' ' < "$dir/cmdline" 2>/dev/null) || continue
-  case $cmd in
-    *train.py*) busy="$busy{\"pid\": ${dir#/proc/}, \"command\": \"train.py\"}," ;;
-  esac
+# One grep over every command line ([t]: not grep's own), then this node's among them (`-ef`:
+# the same namespace inode), rather than a readlink and a tr for each process.
+for file in $(grep -l '[t]rain\.py' /proc/[0-9]*/cmdline 2>/dev/null); do
+  dir=${file%/cmdline}
+  [ "$dir/ns/net" -ef /proc/self/ns/net ] || continue
+  busy="$busy{\"pid\": ${dir#/proc/}, \"command\": \"train.py\"},"
 done
 busy=${busy%,}
 printf '[{"neuron_device": 0, "bdf": "00:1e.0", "nc_count": %s, ' "__CORES__"
