@@ -117,6 +117,16 @@ def test_a_stop_sees_a_process_end_within_a_tenth_of_a_second_then_looks_each_se
     assert result.stdout.split() == ["0.05", "0.1", "0.2", "ended"]
 
 
+def harness(script: str, folder: Path) -> str:
+    """What a bash script that sources lib.sh prints, given `folder` as $1; it must exit 0."""
+    result = subprocess.run(
+        ["bash", "-c", script, "harness", str(folder)], cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 # process_start_time and still_running (lib.sh) on a process whose name holds ") " and spaces,
 # against Python's reading of the same field (field 22 of /proc/<pid>/stat, proc(5): the
 # fields after the name's last ") " start at field 3); then once the process is gone.
@@ -138,15 +148,11 @@ echo "[$(process_start_time "$target")]"
 
 
 def test_the_watchdog_reads_a_process_start_time_as_proc_has_it(tmp_path: Path) -> None:
-    result = subprocess.run(
-        ["bash", "-c", START_HARNESS, "harness", str(tmp_path)], cwd=REPO_ROOT,
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    first, *rest = result.stdout.splitlines()
+    out = harness(START_HARNESS, tmp_path)
+    first, *rest = out.splitlines()
     ours, proc = first.split()
     assert ours == proc and ours.isdigit(), first
-    assert rest == ["running", "other", "gone", "[]"], result.stdout
+    assert rest == ["running", "other", "gone", "[]"], out
 
 
 # job_pids (lib.sh) on two processes of one job and node: one here whose name holds ") Z ("
@@ -173,10 +179,6 @@ kill "$here" "$there"
 def test_job_pids_finds_the_nodes_processes_whatever_their_name(tmp_path: Path) -> None:
     """job_pids names a job process of this node even where its name reads like a zombie's
     state, and not the same job's process on another node (another network namespace)."""
-    result = subprocess.run(
-        ["bash", "-c", PIDS_HARNESS, "harness", str(tmp_path)], cwd=REPO_ROOT,
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    here, *found = result.stdout.split()
-    assert found == [here], result.stdout
+    out = harness(PIDS_HARNESS, tmp_path)
+    here, *found = out.split()
+    assert found == [here], out
