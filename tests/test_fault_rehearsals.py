@@ -374,7 +374,8 @@ def test_the_stand_ins_fi_info_lists_each_efa_device_as_fi_info_does(tmp_path: P
 @pytest.mark.netns
 def test_the_stand_ins_neuron_ls_lists_the_trainers_of_its_own_node_only(tmp_path: Path) -> None:
     """The nodes' fake neuron-ls names, as processes holding NeuronCores, the trainers in its
-    own network namespace (a rehearsal node) and no other node's, nor its own grep's."""
+    own network namespace (a rehearsal node) and no other node's, nor its own grep's. Each
+    node here is a network namespace of its own: other tests' trainers run in the machine's."""
     import subprocess
     import sys
 
@@ -382,27 +383,28 @@ def test_the_stand_ins_neuron_ls_lists_the_trainers_of_its_own_node_only(tmp_pat
 
     script = tmp_path / "neuron-ls"
     script.write_text(FAKE_NEURON_LS.replace("__CORES__", "2"))
-    sleeper = [sys.executable, "-c", "import time; time.sleep(120)", "train.py"]
-    here = subprocess.Popen(sleeper)
-    other = subprocess.Popen(["unshare", "--net", *sleeper])  # unshare execs the trainer
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    # unshare execs the trainer in a new network namespace; nsenter the idle process in one's.
+    nodes = [subprocess.Popen(["unshare", "--net", *sleep, "train.py"]) for _ in range(2)]
+    started = list(nodes)
     try:
-        for process in (here, other):  # started: its command line reads as the trainer's
+        for process in nodes:  # started: its command line reads as the trainer's
             deadline = time.monotonic() + 30
             while b"train.py" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
                 assert time.monotonic() < deadline, "the trainer did not start"
                 time.sleep(0.05)
+        into = [["nsenter", "--target", str(process.pid), "--net"] for process in nodes]
+        started.append(subprocess.Popen([*into[0], *sleep]))
 
-        def pids(*enter: str) -> list[int]:
+        def pids(enter: list[str]) -> list[int]:
             ls = subprocess.run([*enter, "bash", str(script), "-j"], capture_output=True,
                                 text=True, check=True)  # fmt: skip
             (device,) = json.loads(ls.stdout)
             assert device["nc_count"] == 2
             return [p["pid"] for p in device["neuron_processes"]]
 
-        assert pids() == [here.pid]
-        assert pids("nsenter", "--target", str(other.pid), "--net") == [other.pid]
+        assert [pids(enter) for enter in into] == [[process.pid] for process in nodes]
     finally:
-        for process in (here, other, idle):
+        for process in started:
             process.kill()
             process.wait()
