@@ -142,8 +142,11 @@ def _run_two_nodes(args: list[str], trace_dir: Path) -> None:
     port = str(free_port())
     launchers = []
     for node in range(2):
+        # --seccomp-bpf: the traced processes stop at openat and mkdir only, not at every system
+        # call (strace(1): "ptrace(2)-stops only when system calls that are being traced
+        # occur"; it needs -f). The same lines, and the test's CPU 74 -> 47 s here.
         command = [
-            *(str(STRACE), "-f", "-qq", "-e", "trace=openat,mkdir"),
+            *(str(STRACE), "-f", "--seccomp-bpf", "-qq", "-e", "trace=openat,mkdir"),
             *("-o", str(trace_dir / f"node-{node}.txt")),
             *(TORCHRUN, "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=2"),
             *("--master_addr=127.0.0.1", f"--master_port={port}", str(TRAIN_PY), *args),
