@@ -31,6 +31,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # jsii prints a banner on every process start otherwise.
 os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+# The XLA processes (torch-xla's CPU client, PJRT_DEVICE=CPU) build each graph's machine code
+# without LLVM's optimizations: XLA's CPU compiler reads xla_backend_optimization_level as the
+# LLVM code-generation level (xla/service/cpu/cpu_compiler.cc, 0: CodeGenOptLevel::None). The HLO
+# the tests read, their graphs and compilations are made before that; the tests' tiny steps run
+# in a moment either way, and the compile-bound XLA tests take about a quarter less CPU.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 
 #: Modules whose tests synthesize many configurations (tests/cdk_support.py caches each once per

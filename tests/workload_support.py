@@ -55,6 +55,8 @@ def job_env(*, xla: bool = False) -> dict[str, str]:
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     if xla:
         env["PJRT_DEVICE"] = "CPU"
+        if "XLA_FLAGS" in os.environ:  # tests/conftest.py
+            env["XLA_FLAGS"] = os.environ["XLA_FLAGS"]
     return env
 
 
