@@ -22,7 +22,7 @@ export DEBIAN_FRONTEND := noninteractive
 SETUP_GIB ?= 10
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
-# pytest-xdist: 3 workers per 2 CPUs, at most 4 (tests/conftest.py); the stack tests share one.
+# pytest-xdist: 2 workers per CPU, at most 4 (tests/conftest.py); the stack tests share one.
 PYTEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 

@@ -81,8 +81,12 @@ MAX_WORKERS = 4
 #: waiting (the supervisor's polls, park delays, grace and retry waits; processes starting on the
 #: other nodes), so one worker per CPU left the cores idle. From a fresh clone on 2 idle cores
 #: (`make test PYTEST_WORKERS=N`): 2 workers at b87eb1f (1,265 tests), pytest 25 min 42 s, the
-#: cores busy 61% of `make test`; 3 workers at c9c0d31 (1,266), 21 min 13 s, busy 75%.
-WORKERS_PER_CPU = (3, 2)
+#: cores busy 61% of `make test`; 3 workers at c9c0d31 (1,266), 21 min 13 s, busy 75%. At
+#: 03d8b38 (1,290), one clone, `pytest -n N --dist loadgroup` run one after the other: 3 workers
+#: 23 min 19 s, 4 workers 22 min 12 s, the same CPU time (2,266 and 2,281 CPU-s); with 4 the
+#: minutes in which the wait-bound tests (test_supervisor_spares, _wake, _batch_faults) run
+#: together leave the cores idle less.
+WORKERS_PER_CPU = (2, 1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -102,7 +106,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: WORKERS_PER_CPU workers per CPU this process may run on (3 on 2 CPUs, 1 on
+    """`-n auto`: WORKERS_PER_CPU workers per CPU this process may run on (4 on 2 CPUs, 2 on
     one), at most MAX_WORKERS."""
     numerator, denominator = WORKERS_PER_CPU
     workers = len(os.sched_getaffinity(0)) * numerator // denominator
