@@ -20,7 +20,10 @@ from tests.iam_actions import CallRecorder, checked
 # Under TRAINIUM_CLUSTER_REQUIRE_ALL=1 (.ci/run) a skip for want of a tool fails (tests/skips.py).
 from tests.skips import pytest_make_collect_report, pytest_runtest_makereport
 
-__all__ = ["pytest_make_collect_report", "pytest_runtest_makereport"]
+# The tests that share a worker under `make test` (one synth, one lint, one module fixture).
+from tests.xdist_groups import pytest_xdist_make_scheduler
+
+__all__ = ["pytest_make_collect_report", "pytest_runtest_makereport", "pytest_xdist_make_scheduler"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -39,41 +42,6 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 
-#: Modules whose tests synthesize many configurations (tests/cdk_support.py caches each once per
-#: process): under pytest-xdist (`make test`) they run on one worker, so each configuration is
-#: synthesized and cfn-linted once per run, not once per worker. The end-to-end tests use only
-#: the default synth, which each worker makes once.
-SYNTH_GROUP = "synth"
-SYNTH_MODULES = (
-    "test_stacks_",
-    "test_checkov",
-    "test_api_rates",
-    "test_iam_actions",
-    "test_sdk_parameters",
-    "test_ec2_shapes",
-    "test_node_image",
-    "test_cdk_cli",
-    "test_settings_changes",
-    "test_cluster_deploy",
-    "test_redeploy_resume",
-)
-
-#: Tests outside those modules that read the whole matrix's one cfn-lint run
-#: (tests/cdk_support.py lint_every_configuration): on the synth worker too.
-SYNTH_TESTS = ("test_the_operations_template_with_the_supervisor_lints_clean",)
-#: The 1,024-node synth, made once for the supervisor's scale tests and the scale rehearsal.
-SCALE_GROUP = "scale"
-SCALE_MODULES = ("test_supervisor_scale.py", "test_scale_rehearsal.py")
-
-#: Modules whose module-scoped fixture runs a job (a reference training run, a benchmark, a wheel
-#: build) that several of their tests read: each is one xdist group, so the job runs once.
-MODULE_GROUPS = (
-    "test_bench.py",
-    "test_workload_train.py",
-    "test_workload_xla.py",
-    "test_job_python.py",
-)
-
 #: The most workers `-n auto` starts: each end-to-end test runs several torch processes
 #: (about 0.5 GiB each), so more workers than this would trade memory for little time.
 MAX_WORKERS = 4
@@ -90,17 +58,9 @@ WORKERS_PER_CPU = (2, 1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The stack tests grouped (SYNTH_GROUP), the scale tests (SCALE_GROUP) and MODULE_GROUPS;
-    under xdist, the tests marked slow first, so that the longest tests start early and the
+    """Under xdist, the tests marked slow first, so that the longest tests start early and the
     short ones fill in around them, not after them (a serial run keeps the modules in order,
-    each module's fixtures made once)."""
-    for item in items:
-        if item.path.name.startswith(SYNTH_MODULES) or item.name in SYNTH_TESTS:
-            item.add_marker(pytest.mark.xdist_group(SYNTH_GROUP))
-        elif item.path.name in SCALE_MODULES:
-            item.add_marker(pytest.mark.xdist_group(SCALE_GROUP))
-        elif item.path.name in MODULE_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    each module's fixtures made once). Which tests share a worker: tests/xdist_groups.py."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.aws_cli import check_command
+from tests.aws_cli import awscli_path, check_command
 from tests.node_support import FakeNode
 from tests.test_bootstrap import fake_aws, refused_calls
 
@@ -139,3 +139,50 @@ def test_an_answer_that_is_not_the_operations_output_shape_fails(node: FakeNode)
     assert result.returncode == 1, result.stderr
     assert "instances` is not a DescribeAutoScalingInstances response" in result.stderr
     assert 'Missing required parameter in AutoScalingInstances[0]: "InstanceId"' in result.stderr
+
+
+def test_a_call_accepted_once_is_answered_again_from_what_the_cli_printed(node: FakeNode) -> None:
+    """The same words, answer and AWS_* variables: the same output, without starting the CLI
+    (here it cannot start: its folder is moved away)."""
+    first = describe(node, QUERY, FAKE_ASG="nodes", FAKE_LT_VERSION="7")
+    assert (first.returncode, first.stdout) == (0, "nodes\t7\n"), first.stderr
+    layer = awscli_path()
+    away = layer.with_name("awscli-away")
+    layer.rename(away)
+    try:
+        again = describe(node, QUERY, FAKE_ASG="nodes", FAKE_LT_VERSION="7")
+        other = describe(node, QUERY, FAKE_ASG="nodes", FAKE_LT_VERSION="8")
+    finally:
+        away.rename(layer)
+    assert (again.returncode, again.stdout, again.stderr) == (0, first.stdout, first.stderr)
+    assert other.returncode != 0, "another answer was printed without the CLI"
+
+
+@pytest.mark.parametrize(
+    ("variables", "printed"),
+    [({"AWS_DEFAULT_OUTPUT": "text"}, "nodes\t7\n"),
+     ({"AWS_DEFAULT_OUTPUT": "json"}, '[\n    "nodes",\n    "7"\n]\n')],
+)  # fmt: skip
+def test_the_cli_prints_a_kept_answer_again_only_under_the_same_aws_variables(
+    node: FakeNode, variables: dict[str, str], printed: str
+) -> None:
+    """Both orders, each after the other variable's answer was kept: the CLI reads
+    AWS_DEFAULT_OUTPUT, so an answer kept under one value is not printed under the other."""
+    other = {"AWS_DEFAULT_OUTPUT": "json" if variables["AWS_DEFAULT_OUTPUT"] == "text" else "text"}
+    for env in (other, variables):
+        result = subprocess.run(
+            ["aws", *GLOBAL, "autoscaling", "describe-auto-scaling-instances", "--instance-ids",
+             "i-0123456789abcdef0", "--query", QUERY],
+            capture_output=True, text=True, timeout=120, check=False,
+            env=node.env(FAKE_ASG="nodes", FAKE_LT_VERSION="7", **env),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    assert result.stdout == printed
+
+
+def test_a_refusal_is_refused_again(node: FakeNode) -> None:
+    args = ["autoscaling", "set-instance-health", *INSTANCE, "--health-status", "Unhealthy",
+            "--no-respect-grace-period"]  # fmt: skip
+    results = [run_aws(node, *args) for _ in range(2)]
+    assert [result.returncode for result in results] == [252, 252]
+    assert results[0].stderr == results[1].stderr
