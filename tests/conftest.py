@@ -53,7 +53,9 @@ MAX_WORKERS = 4
 #: 03d8b38 (1,290), one clone, `pytest -n N --dist loadgroup` run one after the other: 3 workers
 #: 23 min 19 s, 4 workers 22 min 12 s, the same CPU time (2,266 and 2,281 CPU-s); with 4 the
 #: minutes in which the wait-bound tests (test_supervisor_spares, _wake, _batch_faults) run
-#: together leave the cores idle less.
+#: together leave the cores idle less. Those runs had no groups (tests/xdist_groups.py: every
+#: worker made every synth); at 4f29a5d, with them, 4 workers: 22 min 41 s from a fresh clone,
+#: 2,479 CPU-s in one clone against 2,513 without the groups, and 3 workers not measured.
 WORKERS_PER_CPU = (2, 1)
 
 
