@@ -357,12 +357,18 @@ signalled=" "
 recheck=""
 # shellcheck disable=SC2317  # runs from the USR1 trap
 end_leg() {
+  # A USR1 that comes while this runs is dropped (the recheck below sends another): bash runs
+  # a trap in the middle of parsing a command substitution's text, and that parse breaks
+  # (bash 5.2.15: "trap: line 2: unexpected EOF while looking for matching `)'", exit 2;
+  # tests/test_node_wait.py).
+  trap '' USR1
   if ((!leg_ended)); then
     leg_ended=1
     log "job $job_id: leg time limit reached ($((SECONDS)) s of $time_limit, $stop_grace s kept to save): asking the trainers to checkpoint and exit"
   fi
   local pid
-  for pid in $(pgrep -P "$child" 2>/dev/null); do
+  # pgrep fails once torchrun has no child left: no error (the ERR trap would log one).
+  for pid in $(pgrep -P "$child" 2>/dev/null || true); do
     [[ $signalled == *" $pid "* ]] && continue
     catches_sigterm "$pid" || continue
     kill -TERM "$pid" 2>/dev/null && signalled+="$pid "
@@ -373,6 +379,7 @@ end_leg() {
     sleep "$LEG_END_RECHECK" && kill -USR1 $$ 2>/dev/null
   ) {job_log}>&- &
   recheck=$!
+  trap end_leg USR1
 }
 # shellcheck disable=SC2317  # called from end_leg
 catches_sigterm() {
@@ -397,17 +404,17 @@ if ((time_limit > 0)); then
   timer=$!
   trap end_leg USR1
 fi
-# wait returns early (with 128 + the signal's number) when a trapped signal arrives: keep
-# waiting while torchrun runs, then take its own status (bash keeps it for a later wait).
-while kill -0 "$child" 2>/dev/null; do
-  wait "$child" || true
-done
+# torchrun's status, never from a `wait` that the traps above could interrupt (bash can lose
+# the status then: wait_until_reaped in lib.sh), so: until torchrun has ended (a look every
+# 0.5 s), then `wait` with the signals ignored. The leg's end has nothing more to do, and a
+# USR1 still on its way (end_leg's recheck, or the leg timer firing as torchrun ended) must not
+# end this script: ignored, not reset (a signal without a trap ends bash with 128 + its number,
+# here 138, and leaves the leftovers running). A stop request from here on has nothing more
+# to do either: what torchrun left is stopped below, and the script ends.
+wait_until_reaped "$child" 0.5
+trap '' USR1 TERM INT HUP
 status=0
 wait "$child" || status=$?
-# The leg's end has nothing more to do, and a USR1 still on its way (end_leg's recheck, or the
-# leg timer firing as torchrun ended) must not end this script: ignored, not reset (a signal
-# without a trap ends bash with 128 + its number, here 138, and leaves the leftovers running).
-trap '' USR1
 stop_recheck
 if [[ -n $timer ]]; then
   pkill -P "$timer" 2>/dev/null || true
@@ -416,8 +423,7 @@ fi
 # torchrun starts its workers in sessions of their own (start_new_session=True): a torchrun
 # that died (the OOM killer's SIGKILL) leaves them training, holding the NeuronCores. Stop
 # what is left of this leg before reporting, so that the next attempt does not wait for it
-# (a stop request meanwhile has nothing more to do: stop_leg returns at once).
-stopping=1
+# (a stop request meanwhile has nothing more to do: TERM, INT and HUP are ignored till then).
 if stop_job "$job_id" "$LEFTOVER_GRACE" "$NODE_ADDRESS" "$leg"; then
   log "job $job_id: stopped the processes torchrun left running (it ended with status $status)"
 fi

@@ -642,6 +642,29 @@ still_running() {
   [[ ${fields[19]} == "$2" ]]
 }
 
+# Returns once <pid>, a background child of this shell, has ended and bash has reaped it,
+# without the `wait` builtin: when a trapped signal interrupts `wait` as a child ends, bash
+# can lose that child's status (a later `wait` for it returns -1, or 128 + the signal's
+# number), whichever child the interrupted `wait` was waiting for (bash 5.2.15, Debian's and
+# Amazon Linux 2023's; tests/test_node_wait.py). In launch.sh, end_leg's recheck USR1 turned a
+# leg that ended at its time limit into a failure that way ("torchrun ended with status 138
+# (killed by SIGUSR1)"). So this polls: still_running until bash has reaped the child (it
+# does as the SIGCHLD comes, and keeps the status for a later `wait`), with a `sleep <poll>`
+# in the foreground between looks. A trap waits for a foreground command to end (bash(1),
+# SIGNALS), so a trap runs whole, between two looks. Not `read -t` on a pipe, as the leg
+# watchdog waits (no traps there): a trap runs inside `read`, and read's time-out ends the
+# trap where it is (end_leg stopped half-way, its recheck never sent). The caller then reads
+# the status with `wait` while it ignores the signals it traps.
+# wait_until_reaped <pid> <poll-seconds>
+wait_until_reaped() {
+  local pid=$1 poll=$2 stat fields
+  read -r stat 2>/dev/null <"/proc/$pid/stat" || return 0
+  read -ra fields <<<"${stat##*) }"
+  while still_running "$pid" "${fields[19]}"; do
+    command sleep "$poll" || :
+  done
+}
+
 # Ends a leg's processes when the script that started them dies, however it dies. The SSM
 # agent ends a cancelled or timed-out command with SIGKILL to the script's process group
 # (aws/amazon-ssm-agent agent/executers/executers_unix.go killProcess): no trap runs, and
