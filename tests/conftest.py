@@ -55,7 +55,9 @@ MAX_WORKERS = 4
 #: minutes in which the wait-bound tests (test_supervisor_spares, _wake, _batch_faults) run
 #: together leave the cores idle less. Those runs had no groups (tests/xdist_groups.py: every
 #: worker made every synth); at 4f29a5d, with them, 4 workers: 22 min 41 s from a fresh clone,
-#: 2,479 CPU-s in one clone against 2,513 without the groups, and 3 workers not measured.
+#: 2,479 CPU-s in one clone against 2,513 without the groups, and 3 workers not measured. At
+#: 708d28a, 4 workers, the cores were busy 94.5% of the run (/proc/stat every 2 s) and the
+#: workers ended within 15 s of each other: what fewer workers could gain is less contention.
 WORKERS_PER_CPU = (2, 1)
 
 
