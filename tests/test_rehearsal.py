@@ -212,25 +212,27 @@ def launchers(job: str) -> list[int]:
     return sorted(found)
 
 
-def _catches(pid: int, signum: int) -> bool:
-    """Whether the process has a handler (a bash trap) for `signum` (SigCgt, proc(5))."""
-    caught = re.search(r"^SigCgt:\s+([0-9a-f]+)$", _proc(pid, "status"), re.M)
-    return caught is not None and bool(int(caught.group(1), 16) >> (signum - 1) & 1)
+#: What launch.sh logs once its USR1 trap (end_leg) is set. /proc/<pid>/status cannot tell:
+#: bash catches USR1 (SigCgt) as soon as an EXIT trap is set (lib.sh sets one), to run that trap
+#: on the way out, and a USR1 before end_leg's trap ends launch.sh.
+LEG_TIMER_SET = "leg timer set: the trainers are asked to save and exit in"
 
 
-def end_legs(job: str, nodes: int, timeout: float = 120) -> None:
+def end_legs(job: str, logs: Path, nodes: int, timeout: float = 120) -> None:
     """End the job's leg on every node the way its leg timer does at the time limit: the timer
     is a subshell of launch.sh that runs `kill -USR1 $$`, and launch.sh's USR1 trap (end_leg)
     asks the trainers to checkpoint and exit, then exits 75. The test sends that USR1 itself,
-    when it chooses, instead of waiting for a time limit that a fast machine outruns."""
-    ready: list[int] = []
+    when it chooses, instead of waiting for a time limit that a fast machine outruns, once
+    every node's log (`logs`, the job's logs folder) says that launch.sh set its trap."""
 
-    def trapped() -> bool:
-        ready[:] = [p for p in launchers(job) if _catches(p, signal.SIGUSR1)]
-        return len(ready) == nodes
+    def armed() -> bool:
+        texts = [path.read_text(errors="replace") for path in logs.glob("node-*.log")]
+        return len(texts) == nodes and all(LEG_TIMER_SET in text for text in texts)
 
-    wait_for(f"launch.sh of job {job} on {nodes} nodes with its leg timer set", trapped,
-             timeout, lambda: launchers(job))  # fmt: skip
+    wait_for(f"launch.sh of job {job} on {nodes} nodes with its leg timer set", armed,
+             timeout, lambda: sorted(path.name for path in logs.glob("node-*.log")))  # fmt: skip
+    ready = launchers(job)
+    assert len(ready) == nodes, ready
     for pid in ready:
         assert "launch.sh" in _proc(pid, "cmdline"), _proc(pid, "cmdline")
         os.kill(pid, signal.SIGUSR1)

@@ -856,7 +856,7 @@ def test_a_leg_that_ends_at_its_time_limit_continues_without_spending_a_retry(
         while len(poll_ids(supervisor)) <= 20:
             assert time.monotonic() < deadline, supervisor.trace(execution)
             time.sleep(0.2)
-        end_legs(job, nodes=2)
+        end_legs(job, tmp_path / "jobs" / job / "logs", nodes=2)
         status = supervisor.wait(execution, 900)
         assert status == "SUCCEEDED", supervisor.trace(execution)
         legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]

@@ -403,6 +403,7 @@ if ((time_limit > 0)); then
   ) {job_log}>&- &
   timer=$!
   trap end_leg USR1
+  log "job $job_id: leg timer set: the trainers are asked to save and exit in $leg_seconds s (--time-limit $time_limit less the $stop_grace s kept to save)"
 fi
 # torchrun's status, never from a `wait` that the traps above could interrupt (bash can lose
 # the status then: wait_until_reaped in lib.sh), so: until torchrun has ended (a look every
