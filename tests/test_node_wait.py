@@ -3,12 +3,13 @@
 launch.sh traps USR1 (the leg's end: its leg timer, end_leg's recheck every 2 s) and TERM, INT
 and HUP (a stop) while torchrun runs. When a trapped signal interrupts bash's `wait` builtin as
 a child ends, bash can lose that child's status: a later `wait` for it returns -1, or 128 + the
-signal's number (bash 5.2.15, Debian's and Amazon Linux 2023's). A leg that ended at its time
-limit was once reported as a failure that way, "torchrun ended with status 138 (killed by
-SIGUSR1)", and the supervisor spent a retry on it. launch.sh now waits without `wait` until
-bash has reaped torchrun (lib.sh's wait_until_reaped), then reads the status bash kept with the
-signals ignored. And bash runs a trap in the middle of parsing a command substitution's text,
-which breaks that parse: end_leg, the USR1 trap, ignores USR1 while it runs.
+signal's number (measured with bash 5.2.15; the DLAMI's Ubuntu 24.04 ships bash 5.2). A leg
+that ended at its time limit was once reported as a failure that way, "torchrun ended with
+status 138 (killed by SIGUSR1)", and the supervisor spent a retry on it. launch.sh now waits
+without `wait` until bash has reaped torchrun (lib.sh's wait_until_reaped), then reads the
+status bash kept with the signals ignored. And bash runs a trap in the middle of parsing a
+command substitution's text, which breaks that parse: end_leg, the USR1 trap, ignores USR1
+while it runs.
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ def test_each_childs_own_status_is_read_under_a_storm_of_trapped_signals() -> No
     pairs = [line.split() for line in lines[:60]]
     wrong = [pair for pair in pairs if pair[0] != pair[1]]
     assert len(pairs) == 60 and not wrong, f"expected, read: {wrong}"
-    # The storm did reach the waits (many times each).
+    # The storm did reach the waits (about 300 times in a run here; at least one per child
+    # would be 60, and a loaded machine may coalesce more of them).
     handled = int(lines[60].split()[1])
-    assert handled >= 60, lines[60]
+    assert handled >= 30, lines[60]
 
 
 # A torchrun that ends with status 0 once the test opens its gate: the trainers saved at the

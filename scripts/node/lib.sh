@@ -645,8 +645,8 @@ still_running() {
 # Returns once <pid>, a background child of this shell, has ended and bash has reaped it,
 # without the `wait` builtin: when a trapped signal interrupts `wait` as a child ends, bash
 # can lose that child's status (a later `wait` for it returns -1, or 128 + the signal's
-# number), whichever child the interrupted `wait` was waiting for (bash 5.2.15, Debian's and
-# Amazon Linux 2023's; tests/test_node_wait.py). In launch.sh, end_leg's recheck USR1 turned a
+# number), whichever child the interrupted `wait` was waiting for (measured with bash 5.2.15;
+# the DLAMI's Ubuntu 24.04 ships bash 5.2; tests/test_node_wait.py). In launch.sh, end_leg's recheck USR1 turned a
 # leg that ended at its time limit into a failure that way ("torchrun ended with status 138
 # (killed by SIGUSR1)"). So this polls: still_running until bash has reaped the child (it
 # does as the SIGCHLD comes, and keeps the status for a later `wait`), with a `sleep <poll>`
