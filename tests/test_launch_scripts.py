@@ -5,6 +5,7 @@ The fake node is tests/node_support.py; preflight's tests are tests/test_preflig
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -508,13 +509,14 @@ def test_a_leg_ends_itself_before_the_time_limit_with_a_checkpoint(node: FakeNod
 LONG_SAVE_SECONDS = 35
 
 
-def start_job(node: FakeNode, job: str, **extra: str) -> subprocess.Popen[str]:
-    """launch.sh with the real torchrun and two workers whose save takes 35 s, returned once
-    both workers run."""
+def start_job(node: FakeNode, job: str, *args: str, **extra: str) -> subprocess.Popen[str]:
+    """launch.sh (more options: `args`) with the real torchrun and two workers whose save
+    takes 35 s, returned once both workers run."""
     env = {**real_torchrun(node), "WORKER_SAVE_SECONDS": str(LONG_SAVE_SECONDS), **extra}
     launch = subprocess.Popen(
         ["bash", str(NODE / "launch.sh"), "--hosts", node.loopback, "--job-id", job,
-         "--nproc-per-node", "2", "--master-port", str(free_port()), "--code-dir", str(node.code)],
+         "--nproc-per-node", "2", "--master-port", str(free_port()), "--code-dir", str(node.code),
+         *args],
         env=node.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     wait_for(lambda: len(worker_pids(node)) == 2, 60, "two torchrun workers")
@@ -579,6 +581,68 @@ def test_a_torchrun_slow_to_see_its_workers_exit_still_ends_by_itself(node: Fake
         output, _ = launch.communicate(timeout=60)
         assert launch.returncode == 0, output
     finally:
+        end_job(job, launch)
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """{pid: parent} of every process below `pid` (/proc/<pid>/task/*/children)."""
+    found: dict[int, int] = {}
+    parents = [pid]
+    while parents:
+        parent = parents.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            for child in children:
+                found[child] = parent
+                parents.append(child)
+    return found
+
+
+def command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def test_launch_sh_s_own_sleeps_are_not_processes_of_the_job(node: FakeNode) -> None:
+    """What a stop on the node takes for the job's processes (lib.sh job_pids: the tagged
+    ones) is torchrun and its workers, never launch.sh's sleeps beside them: its look every
+    0.5 s for torchrun's end and the leg timer. stop.sh took the look's sleep for a leftover
+    of a clean stop ("sending SIGTERM to 1 remaining processes"), and killed it. Looked at
+    until both sleeps were seen at once (the timer's runs for the whole leg)."""
+    job = unique_job_id("sleeps")
+    launch = start_job(node, job, "--time-limit", "3600")
+    job_pids = ["bash", "-c", 'source "$1"; job_pids "$2"', "job_pids", str(NODE / "lib.sh"), job]
+    try:
+        workers = set(worker_pids(node))
+        seen = {"poll": False, "timer": False}
+
+        def both_sleeps_seen_untagged() -> bool:
+            below = descendants(launch.pid)
+            sleeps = {pid: parent for pid, parent in below.items() if command_name(pid) == "sleep"}
+            tagged = subprocess.run(
+                job_pids, env=node.env(), capture_output=True, text=True, check=True
+            ).stdout.split()
+            ours = {int(pid) for pid in tagged}
+            assert not ours & set(sleeps), f"launch.sh's sleeps {sorted(sleeps)} are tagged"
+            torchruns = {below[w] for w in workers}
+            assert ours == workers | torchruns, (ours, workers, torchruns)
+            still = set(sleeps) & set(descendants(launch.pid))
+            seen["poll"] |= any(sleeps[pid] == launch.pid for pid in still)
+            seen["timer"] |= any(sleeps[pid] != launch.pid for pid in still)
+            return all(seen.values())
+
+        wait_for(both_sleeps_seen_untagged, 60, "launch.sh's poll and timer sleeps")
+    finally:
+        # The leg timer would hold launch.sh's output open for its hour (the agent's SIGKILL
+        # goes to the whole process group, this test's to the processes it knows).
+        for pid in descendants(launch.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         end_job(job, launch)
 
 

@@ -88,13 +88,13 @@ def test_every_script_that_tags_a_job_tags_its_node_too() -> None:
 
 
 # wait_until_ended (lib.sh), as stop_job runs it after its SIGTERM, on a process that ends
-# while it waits (killed, and gone, at its third look): the pauses between its looks, recorded by a
-# `sleep` of the harness's own that then sleeps for real.
+# while it waits (killed, and gone, at its third look): the pauses between its looks, recorded by
+# an `untagged_sleep` (lib.sh's sleep beside a job) of the harness's own that then sleeps.
 WAIT_HARNESS = """set -Eeuo pipefail
 source scripts/node/lib.sh
 python3 -c 'import time; time.sleep(300)' &
 target=$! looks=0
-sleep() {
+untagged_sleep() {
   echo "$1"
   if ((++looks == 3)); then kill "$target" && wait "$target" || true; fi
   command sleep "$1"

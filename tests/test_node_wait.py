@@ -9,7 +9,7 @@ status 138 (killed by SIGUSR1)", and the supervisor spent a retry on it. launch.
 without `wait` until bash has reaped torchrun (lib.sh's wait_until_reaped), then reads the
 status bash kept with the signals ignored. And bash runs a trap in the middle of parsing a
 command substitution's text, which breaks that parse: end_leg, the USR1 trap, ignores USR1
-while it runs.
+while it runs, and stop_leg, the TERM/INT/HUP trap, ignores all four from its start on.
 """
 
 from __future__ import annotations
@@ -89,11 +89,11 @@ exit 0
 """
 
 
-def _storm(pid: int, stop: threading.Event) -> None:
-    """A USR1 to `pid` every 2 ms until `stop` is set or the process is gone."""
+def _storm(pid: int, stop: threading.Event, sig: int = signal.SIGUSR1) -> None:
+    """`sig` to `pid` every 2 ms until `stop` is set or the process is gone."""
     while not stop.wait(0.002):
         try:
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, sig)
         except ProcessLookupError:
             return
 
@@ -144,4 +144,58 @@ def test_a_leg_end_under_a_storm_of_usr1_reports_75_and_no_error(tmp_path: Path)
         text = output_path.read_text()
         assert status == 75, f"attempt {attempt}: {text}"
         assert "leg ended at its time limit" in text, text
+        assert "error:" not in text, text
+
+
+# A torchrun with one trainer that saves for 2 s on its SIGTERM, then exits 0; torchrun exits 0
+# once its trainer has (the way torch's elastic agent ends when all its workers ended 0).
+SAVING_TORCHRUN = """#!/usr/bin/env bash
+bash -c 'trap "sleep 2; exit 0" TERM; while :; do sleep 0.1; done' &
+worker=$!
+wait "$worker"
+exit 0
+"""
+
+
+def test_a_stop_under_a_storm_of_usr1_and_term_stops_cleanly(tmp_path: Path) -> None:
+    """launch.sh asked to stop (SIGTERM) in a leg with a leg timer set, then USR1s and TERMs
+    every 2 ms while its stop runs (stop_job, which reads /proc through many command
+    substitutions, for the 2 s its trainer saves): the stop goes on whole and launch.sh exits
+    0 with no error line. A USR1 there would run end_leg, and a TERM stop_leg, in the middle
+    of those substitutions (the module's docstring says what that breaks); the leg's end has
+    nothing to add to a stop, nor a second stop request. Three times."""
+    node = FakeNode(tmp_path, address=NODE_ADDRESS)
+    node.tool("torchrun", SAVING_TORCHRUN)
+    output_path = tmp_path / "launch.out"
+    for attempt in range(3):
+        with output_path.open("w") as output:
+            launch = subprocess.Popen(
+                ["bash", str(NODE / "launch.sh"), "--hosts", NODE_ADDRESS, "--job-id",
+                 unique_job_id("stormstop"), "--nproc-per-node", "1", "--time-limit", "3600",
+                 "--stop-grace", "60", "--code-dir", str(node.code)],
+                env=node.env(), stdout=output, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+        stop = threading.Event()
+        senders = [
+            threading.Thread(target=_storm, args=(launch.pid, stop, sig), daemon=True)
+            for sig in (signal.SIGUSR1, signal.SIGTERM)
+        ]
+        try:
+            _wait_for("the leg timer", lambda: "leg timer set" in output_path.read_text(), launch)
+            launch.send_signal(signal.SIGTERM)
+            _wait_for("the stop", lambda: "asked to stop" in output_path.read_text(), launch)
+            for sender in senders:
+                sender.start()
+            status = launch.wait(timeout=120)
+        finally:
+            stop.set()
+            if launch.poll() is None:
+                os.killpg(launch.pid, signal.SIGKILL)
+                launch.wait(timeout=10)
+            for sender in senders:
+                sender.join(timeout=10)
+        text = output_path.read_text()
+        assert status == 0, f"attempt {attempt}: {text}"
+        assert "leg time limit reached" not in text, text
         assert "error:" not in text, text

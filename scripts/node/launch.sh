@@ -222,7 +222,7 @@ fi
 job_log="" job_log_pid=""
 open_job_log() {
   exec {job_log}> >(
-    unset TRAINIUM_JOB_ID TRAINIUM_NODE_ADDRESS
+    unset "${JOB_TAGS[@]}"
     exec tee -a "${log_files[@]}" >/dev/null {agent_err}>&-
   )
   job_log_pid=$!
@@ -236,7 +236,7 @@ close_job_log() {
   exec {job_log}>&-
   for ((tries = 0; tries < 300; tries++)); do
     kill -0 "$job_log_pid" 2>/dev/null || return 0
-    sleep 0.1
+    untagged_sleep 0.1
   done
   return 1
 }
@@ -336,11 +336,14 @@ child=$!
 # A stop request (SIGTERM, SIGINT, SIGHUP) stops the leg the way stop.sh stops a job: the
 # trainers first, with --stop-grace seconds to save, then torchrun (stop_job in lib.sh says
 # why not torchrun first).
-stopping=0
+# From then on a leg's end (USR1) has nothing to add, nor another stop request: both are
+# ignored, and end_leg's recheck ends. A trap that ran during stop_job would run in the middle
+# of its command substitutions, whose parse it breaks (end_leg says how): launch.sh ended with
+# 2 in the middle of a stop (tests/test_node_wait.py).
 # shellcheck disable=SC2317  # runs from the TERM/INT/HUP trap
 stop_leg() {
-  ((stopping)) && return 0
-  stopping=1
+  trap '' USR1 TERM INT HUP
+  stop_recheck
   log "job $job_id: asked to stop: the trainers get SIGTERM and up to $stop_grace s to save and exit"
   stop_job "$job_id" "$stop_grace" "$NODE_ADDRESS" "$leg" || true
 }
@@ -376,7 +379,7 @@ end_leg() {
   stop_recheck
   (
     trap - TERM
-    sleep "$LEG_END_RECHECK" && kill -USR1 $$ 2>/dev/null
+    untagged_sleep "$LEG_END_RECHECK" && kill -USR1 $$ 2>/dev/null
   ) {job_log}>&- &
   recheck=$!
   trap end_leg USR1
@@ -399,7 +402,7 @@ if ((time_limit > 0)); then
   ((leg_seconds > 0)) || leg_seconds=1
   (
     trap - TERM
-    sleep "$leg_seconds" && kill -USR1 $$ 2>/dev/null
+    untagged_sleep "$leg_seconds" && kill -USR1 $$ 2>/dev/null
   ) {job_log}>&- &
   timer=$!
   trap end_leg USR1
@@ -424,11 +427,11 @@ fi
 # torchrun starts its workers in sessions of their own (start_new_session=True): a torchrun
 # that died (the OOM killer's SIGKILL) leaves them training, holding the NeuronCores. Stop
 # what is left of this leg before reporting, so that the next attempt does not wait for it
-# (a stop request meanwhile has nothing more to do: TERM, INT and HUP are ignored till then).
+# (a stop request from here on has nothing more to do: TERM, INT and HUP stay ignored to the
+# end, a minute at most, so that the report below is never cut short: 143 with no report).
 if stop_job "$job_id" "$LEFTOVER_GRACE" "$NODE_ADDRESS" "$leg"; then
   log "job $job_id: stopped the processes torchrun left running (it ended with status $status)"
 fi
-trap - TERM INT HUP
 if ((status == 0 && leg_ended)); then
   log "job $job_id: leg ended at its time limit after $SECONDS s with a checkpoint on node rank $NODE_RANK: the next leg resumes it"
   exit 75

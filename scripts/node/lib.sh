@@ -32,6 +32,9 @@ EFA_TOOLS_DIR=/opt/amazon/efa/bin
 SCRIPT_NAME="$(basename "${0%.sh}")"
 
 JOB_ID_PATTERN='^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'
+# The variables launch.sh tags a job's processes with (job_pids); what runs beside the job
+# without being part of it (the job's tee, the leg watchdog, launch.sh's own sleeps) unsets them.
+JOB_TAGS=(TRAINIUM_JOB_ID TRAINIUM_NODE_ADDRESS TRAINIUM_NODE_RANK TRAINIUM_LEG)
 IPV4_PATTERN='^[0-9]{1,3}(\.[0-9]{1,3}){3}$'
 
 # Prints the comment block at the top of the running script (its usage text).
@@ -568,7 +571,7 @@ wait_until_ended() {
     pids=$left
     [[ -z $pids ]] && return 0
     ((SECONDS < deadline)) || return 1
-    sleep "$pause"
+    untagged_sleep "$pause"
     case $pause in
       0.05) pause=0.1 ;;
       0.1) pause=0.2 ;;
@@ -646,8 +649,8 @@ still_running() {
 # without the `wait` builtin: when a trapped signal interrupts `wait` as a child ends, bash
 # can lose that child's status (a later `wait` for it returns -1, or 128 + the signal's
 # number), whichever child the interrupted `wait` was waiting for (measured with bash 5.2.15;
-# the DLAMI's Ubuntu 24.04 ships bash 5.2; tests/test_node_wait.py). In launch.sh, end_leg's recheck USR1 turned a
-# leg that ended at its time limit into a failure that way ("torchrun ended with status 138
+# the DLAMI's Ubuntu 24.04 ships bash 5.2; tests/test_node_wait.py). In launch.sh, end_leg's
+# recheck USR1 turned a leg that ended at its time limit into a failure that way ("torchrun ended with status 138
 # (killed by SIGUSR1)"). So this polls: still_running until bash has reaped the child (it
 # does as the SIGCHLD comes, and keeps the status for a later `wait`), with a `sleep <poll>`
 # in the foreground between looks. A trap waits for a foreground command to end (bash(1),
@@ -661,8 +664,22 @@ wait_until_reaped() {
   read -r stat 2>/dev/null <"/proc/$pid/stat" || return 0
   read -ra fields <<<"${stat##*) }"
   while still_running "$pid" "${fields[19]}"; do
-    command sleep "$poll" || :
+    untagged_sleep "$poll" || :
   done
+}
+
+# `sleep <seconds>` that is not one of the job's processes. launch.sh sleeps beside its job
+# (wait_until_reaped's polls, the leg timer, end_leg's recheck, stopping leftovers), and a
+# stop_job elsewhere on the node (stop.sh) must not take such a sleep for a leftover of the
+# job: it logged "sending SIGTERM to 1 remaining processes" for a clean stop, and killed it.
+# Untagged from its first exec on: the subshell holds the script's own environment, which the
+# tags are not part of (they are exported, not exec'd with; /proc/<pid>/environ is what a
+# process was exec'd with), and execs sleep without them. Still one process, as `sleep` was.
+untagged_sleep() {
+  (
+    unset "${JOB_TAGS[@]}"
+    exec sleep "$1"
+  )
 }
 
 # Ends a leg's processes when the script that started them dies, however it dies. The SSM
@@ -682,7 +699,7 @@ start_leg_watchdog() {
   # the node must never take the watchdog for a worker of the job.
   # shellcheck disable=SC2016  # the inner script expands its own positional arguments
   (
-    unset TRAINIUM_JOB_ID TRAINIUM_NODE_ADDRESS TRAINIUM_NODE_RANK TRAINIUM_LEG
+    unset "${JOB_TAGS[@]}"
     TRAINIUM_WATCHDOG=1 exec setsid bash -c '
       source "$1"
       SCRIPT_NAME=watchdog
