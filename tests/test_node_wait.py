@@ -107,6 +107,33 @@ def _wait_for(what: str, condition: Callable[[], bool], launch: subprocess.Popen
         time.sleep(0.05)
 
 
+def _start_launch(
+    node: FakeNode, output_path: Path, name: str, time_limit: int, stop_grace: int
+) -> subprocess.Popen[str]:
+    """launch.sh of a one-process job on `node` (its own torchrun), output to `output_path`."""
+    with output_path.open("w") as output:
+        return subprocess.Popen(
+            ["bash", str(NODE / "launch.sh"), "--hosts", NODE_ADDRESS, "--job-id",
+             unique_job_id(name), "--nproc-per-node", "1", "--time-limit", str(time_limit),
+             "--stop-grace", str(stop_grace), "--code-dir", str(node.code)],
+            env=node.env(), stdout=output, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def _end_storms(
+    launch: subprocess.Popen[str], stop: threading.Event, senders: list[threading.Thread]
+) -> None:
+    """Stops the storms, and launch.sh's whole session if it still runs."""
+    stop.set()
+    if launch.poll() is None:
+        os.killpg(launch.pid, signal.SIGKILL)
+        launch.wait(timeout=10)
+    for sender in senders:
+        if sender.is_alive():
+            sender.join(timeout=10)
+
+
 def test_a_leg_end_under_a_storm_of_usr1_reports_75_and_no_error(tmp_path: Path) -> None:
     """launch.sh whose leg timer ends the leg 1 s in, and torchrun ending with 0 while USR1s
     come every 2 ms from the leg's end on: end_leg runs again and again, torchrun ends in the
@@ -118,14 +145,7 @@ def test_a_leg_end_under_a_storm_of_usr1_reports_75_and_no_error(tmp_path: Path)
     output_path = tmp_path / "launch.out"
     for attempt in range(3):
         (tmp_path / "gate").unlink(missing_ok=True)
-        with output_path.open("w") as output:
-            launch = subprocess.Popen(
-                ["bash", str(NODE / "launch.sh"), "--hosts", NODE_ADDRESS, "--job-id",
-                 unique_job_id("storm"), "--nproc-per-node", "1", "--time-limit", "30",
-                 "--stop-grace", "29", "--code-dir", str(node.code)],
-                env=node.env(), stdout=output, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True,
-            )  # fmt: skip
+        launch = _start_launch(node, output_path, "storm", time_limit=30, stop_grace=29)
         stop = threading.Event()
         sender = threading.Thread(target=_storm, args=(launch.pid, stop), daemon=True)
         try:
@@ -136,11 +156,7 @@ def test_a_leg_end_under_a_storm_of_usr1_reports_75_and_no_error(tmp_path: Path)
             (tmp_path / "gate").touch()
             status = launch.wait(timeout=120)
         finally:
-            stop.set()
-            if launch.poll() is None:
-                os.killpg(launch.pid, signal.SIGKILL)
-                launch.wait(timeout=10)
-            sender.join(timeout=10)
+            _end_storms(launch, stop, [sender])
         text = output_path.read_text()
         assert status == 75, f"attempt {attempt}: {text}"
         assert "leg ended at its time limit" in text, text
@@ -168,14 +184,7 @@ def test_a_stop_under_a_storm_of_usr1_and_term_stops_cleanly(tmp_path: Path) -> 
     node.tool("torchrun", SAVING_TORCHRUN)
     output_path = tmp_path / "launch.out"
     for attempt in range(3):
-        with output_path.open("w") as output:
-            launch = subprocess.Popen(
-                ["bash", str(NODE / "launch.sh"), "--hosts", NODE_ADDRESS, "--job-id",
-                 unique_job_id("stormstop"), "--nproc-per-node", "1", "--time-limit", "3600",
-                 "--stop-grace", "60", "--code-dir", str(node.code)],
-                env=node.env(), stdout=output, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True,
-            )  # fmt: skip
+        launch = _start_launch(node, output_path, "stormstop", time_limit=3600, stop_grace=60)
         stop = threading.Event()
         senders = [
             threading.Thread(target=_storm, args=(launch.pid, stop, sig), daemon=True)
@@ -189,12 +198,7 @@ def test_a_stop_under_a_storm_of_usr1_and_term_stops_cleanly(tmp_path: Path) -> 
                 sender.start()
             status = launch.wait(timeout=120)
         finally:
-            stop.set()
-            if launch.poll() is None:
-                os.killpg(launch.pid, signal.SIGKILL)
-                launch.wait(timeout=10)
-            for sender in senders:
-                sender.join(timeout=10)
+            _end_storms(launch, stop, senders)
         text = output_path.read_text()
         assert status == 0, f"attempt {attempt}: {text}"
         assert "leg time limit reached" not in text, text
