@@ -163,10 +163,12 @@ def test_a_leg_end_under_a_storm_of_usr1_reports_75_and_no_error(tmp_path: Path)
         assert "error:" not in text, text
 
 
-# A torchrun with one trainer that saves for 2 s on its SIGTERM, then exits 0; torchrun exits 0
-# once its trainer has (the way torch's elastic agent ends when all its workers ended 0).
+# A torchrun with one trainer that, on its SIGTERM, saves until the test opens its gate, then
+# exits 0; torchrun exits 0 once its trainer has (as torch's elastic agent ends when all its
+# workers ended 0).
 SAVING_TORCHRUN = """#!/usr/bin/env bash
-bash -c 'trap "sleep 2; exit 0" TERM; while :; do sleep 0.1; done' &
+bash -c 'trap "until [[ -e \\$FAKE_DIR/saved-gate ]]; do sleep 0.05; done; exit 0" TERM
+         while :; do sleep 0.1; done' &
 worker=$!
 wait "$worker"
 exit 0
@@ -176,14 +178,16 @@ exit 0
 def test_a_stop_under_a_storm_of_usr1_and_term_stops_cleanly(tmp_path: Path) -> None:
     """launch.sh asked to stop (SIGTERM) in a leg with a leg timer set, then USR1s and TERMs
     every 2 ms while its stop runs (stop_job, which reads /proc through many command
-    substitutions, for the 2 s its trainer saves): the stop goes on whole and launch.sh exits
-    0 with no error line. A USR1 there would run end_leg, and a TERM stop_leg, in the middle
-    of those substitutions (the module's docstring says what that breaks); the leg's end has
-    nothing to add to a stop, nor a second stop request. Three times."""
+    substitutions, while its trainer saves: until the storms have run for a second): the stop
+    goes on whole and launch.sh exits 0 with no error line. A USR1 there would run end_leg,
+    and a TERM stop_leg, in the middle of those substitutions (the module's docstring says
+    what that breaks); the leg's end has nothing to add to a stop, nor a second stop request.
+    Three times."""
     node = FakeNode(tmp_path, address=NODE_ADDRESS)
     node.tool("torchrun", SAVING_TORCHRUN)
     output_path = tmp_path / "launch.out"
     for attempt in range(3):
+        (tmp_path / "saved-gate").unlink(missing_ok=True)
         launch = _start_launch(node, output_path, "stormstop", time_limit=3600, stop_grace=60)
         stop = threading.Event()
         senders = [
@@ -196,10 +200,45 @@ def test_a_stop_under_a_storm_of_usr1_and_term_stops_cleanly(tmp_path: Path) -> 
             _wait_for("the stop", lambda: "asked to stop" in output_path.read_text(), launch)
             for sender in senders:
                 sender.start()
+            stop.wait(1)
+            (tmp_path / "saved-gate").touch()
             status = launch.wait(timeout=120)
         finally:
             _end_storms(launch, stop, senders)
         text = output_path.read_text()
         assert status == 0, f"attempt {attempt}: {text}"
         assert "leg time limit reached" not in text, text
+        assert "error:" not in text, text
+
+
+def test_a_stop_at_the_legs_end_under_a_storm_reports_the_legs_end(tmp_path: Path) -> None:
+    """The leg timer fires 1 s in, then USR1s every 2 ms (end_leg again and again) and, 0.5 s
+    later, TERMs every 2 ms: the stop comes in the middle of end_leg and runs whole; the trainer,
+    asked at the leg's end, saves (until the stop has begun) and exits 0, and launch.sh reports
+    the leg's end (75), with no error line. Three times."""
+    node = FakeNode(tmp_path, address=NODE_ADDRESS)
+    node.tool("torchrun", SAVING_TORCHRUN)
+    output_path = tmp_path / "launch.out"
+    for attempt in range(3):
+        (tmp_path / "saved-gate").unlink(missing_ok=True)
+        launch = _start_launch(node, output_path, "stormend", time_limit=30, stop_grace=29)
+        stop = threading.Event()
+        senders = [
+            threading.Thread(target=_storm, args=(launch.pid, stop, sig), daemon=True)
+            for sig in (signal.SIGUSR1, signal.SIGTERM)
+        ]
+        try:
+            _wait_for("the leg's end", lambda: "leg time limit reached" in output_path.read_text(),
+                      launch)  # fmt: skip
+            senders[0].start()
+            stop.wait(0.5)
+            senders[1].start()
+            _wait_for("the stop", lambda: "asked to stop" in output_path.read_text(), launch)
+            (tmp_path / "saved-gate").touch()
+            status = launch.wait(timeout=120)
+        finally:
+            _end_storms(launch, stop, senders)
+        text = output_path.read_text()
+        assert status == 75, f"attempt {attempt}: {text}"
+        assert "asked to stop" in text, text
         assert "error:" not in text, text

@@ -339,10 +339,21 @@ child=$!
 # From then on a leg's end (USR1) has nothing to add, nor another stop request: both are
 # ignored, and end_leg's recheck ends. A trap that ran during stop_job would run in the middle
 # of its command substitutions, whose parse it breaks (end_leg says how): launch.sh ended with
-# 2 in the middle of a stop (tests/test_node_wait.py).
+# 2 in the middle of a stop (tests/test_node_wait.py). Defined, with what it calls, before its
+# trap is set.
+stopping=0
+recheck=""
+# Ends end_leg's recheck (below), if one is on its way.
+stop_recheck() {
+  [[ -n $recheck ]] || return 0
+  pkill -P "$recheck" 2>/dev/null || true
+  kill "$recheck" 2>/dev/null || true
+  recheck=""
+}
 # shellcheck disable=SC2317  # runs from the TERM/INT/HUP trap
 stop_leg() {
   trap '' USR1 TERM INT HUP
+  stopping=1
   stop_recheck
   log "job $job_id: asked to stop: the trainers get SIGTERM and up to $stop_grace s to save and exit"
   stop_job "$job_id" "$stop_grace" "$NODE_ADDRESS" "$leg" || true
@@ -357,7 +368,6 @@ trap stop_leg TERM INT HUP
 LEG_END_RECHECK=2
 leg_ended=0
 signalled=" "
-recheck=""
 # shellcheck disable=SC2317  # runs from the USR1 trap
 end_leg() {
   # A USR1 that comes while this runs is dropped (the recheck below sends another): bash runs
@@ -376,6 +386,8 @@ end_leg() {
     catches_sigterm "$pid" || continue
     kill -TERM "$pid" 2>/dev/null && signalled+="$pid "
   done
+  # A stop that came while this ran (stop_leg ran inside it) ignores the leg's end from then on.
+  ((stopping)) && return 0
   stop_recheck
   (
     trap - TERM
@@ -389,12 +401,6 @@ catches_sigterm() {
   local mask
   mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
   [[ $mask =~ ^[0-9a-f]+$ ]] && (((16#$mask >> 14) & 1))  # SIGTERM is 15: bit 14
-}
-stop_recheck() {
-  [[ -n $recheck ]] || return 0
-  pkill -P "$recheck" 2>/dev/null || true
-  kill "$recheck" 2>/dev/null || true
-  recheck=""
 }
 timer=""
 if ((time_limit > 0)); then
