@@ -510,6 +510,15 @@ exit 1
 """
 
 
+# A `sleep` that takes 3 s to end on its SIGTERM: stop_heartbeat must wait for the heartbeat
+# loop's sleep, not only for the loop.
+SLOW_TO_END_SLEEP = """#!/usr/bin/env bash
+command -p sleep "$@" &
+trap 'kill "$!"; command -p sleep 3; exit 143' TERM
+wait "$!"
+"""
+
+
 def processes_of(root: Path) -> list[str]:
     """Command lines of the processes that run with FAKE_DIR=root (this node's tools), once
     bootstrap's log `tee` has ended too (it reads on until bootstrap's output closes; waited
@@ -522,6 +531,7 @@ def processes_of(root: Path) -> list[str]:
                 if f"FAKE_DIR={root}".encode() in environ.read_bytes().split(b"\0"):
                     cmdline = (environ.parent / "cmdline").read_bytes()
                     found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+                    found[-1] = found[-1] or f"pid {environ.parent.name}, ending"
             except OSError:
                 continue
         if not any(line.startswith("tee ") for line in found) or time.monotonic() > deadline:
@@ -534,6 +544,7 @@ def test_bootstrap_records_lifecycle_heartbeats_while_it_works(node: FakeNode) -
     the hook's 45-minute timeout), and stops before it completes the action."""
     bootstrap_node(node)
     node.tool("modinfo", SLOW_MODINFO)
+    node.tool("sleep", SLOW_TO_END_SLEEP)
     result = run_bootstrap(node, TRAINIUM_HEARTBEAT_INTERVAL="1")
     assert result.returncode == 0, output(result)
     aws = [c.split("--cli-read-timeout 30 ", 1)[1] for c in node.calls() if c.startswith("aws ")]
@@ -549,6 +560,7 @@ def test_bootstrap_records_lifecycle_heartbeats_while_it_works(node: FakeNode) -
     assert processes_of(node.root) == [], "the heartbeat loop outlived bootstrap"
 
     # A later boot has no pending action: one try, no loop.
+    (node.bin / "sleep").unlink()
     node.tool("modinfo", FAKE_MODINFO)
     reboot(node)
     result = run_bootstrap(node, TRAINIUM_HEARTBEAT_INTERVAL="1")

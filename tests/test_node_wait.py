@@ -14,6 +14,7 @@ while it runs, and stop_leg, the TERM/INT/HUP trap, ignores all four from its st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -242,3 +243,56 @@ def test_a_stop_at_the_legs_end_under_a_storm_reports_the_legs_end(tmp_path: Pat
         assert status == 75, f"attempt {attempt}: {text}"
         assert "asked to stop" in text, text
         assert "error:" not in text, text
+
+
+def session_processes(sid: int) -> list[str]:
+    """`pid command` of each process still running in session `sid` (not a zombie)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name} {command}")
+    return found
+
+
+def test_launch_sh_ending_early_leaves_no_timer_behind(tmp_path: Path) -> None:
+    """launch.sh that ends while its leg runs, its EXIT trap run (here a SIGUSR2, which it does
+    not trap; a `die`, an error or another fatal signal end it the same way): the leg timer and
+    end_leg's recheck end with it. Left behind, the timer held the agent's output pipe open
+    for the rest of the leg (the agent reports a command once its output closes; this test's
+    communicate() timed out), then sent its USR1 to a PID another process may have by then."""
+    node = FakeNode(tmp_path, address=NODE_ADDRESS)
+    # A torchrun that ends once its worker has: the leg watchdog stops the worker a second
+    # after launch.sh is gone, and the job's log (its tee) closes then.
+    node.tool("torchrun", "#!/usr/bin/env bash\nsleep 3600\nexit 0\n")
+    launch = subprocess.Popen(
+        ["bash", str(NODE / "launch.sh"), "--hosts", NODE_ADDRESS, "--job-id",
+         unique_job_id("early"), "--nproc-per-node", "1", "--time-limit", "3600",
+         "--stop-grace", "60", "--code-dir", str(node.code)],
+        env=node.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert launch.stdout is not None
+        for line in launch.stdout:
+            if "leg timer set" in line:
+                break
+        launch.send_signal(signal.SIGUSR2)
+        # Reaped at once, as the agent does (the leg watchdog waits while its launcher is there,
+        # a zombie included), then read to the end of its output.
+        launch.wait(timeout=60)
+        launch.communicate(timeout=60)
+        # Closed their output, maybe not yet ended: waited for, as any event.
+        deadline = time.monotonic() + 30
+        while session_processes(launch.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not session_processes(launch.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launch.pid, signal.SIGKILL)
+        if launch.poll() is None:
+            launch.wait(timeout=10)

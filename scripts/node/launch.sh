@@ -402,7 +402,19 @@ catches_sigterm() {
   mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
   [[ $mask =~ ^[0-9a-f]+$ ]] && (((16#$mask >> 14) & 1))  # SIGTERM is 15: bit 14
 }
+# Ends the leg timer and end_leg's recheck: once torchrun has ended, and however launch.sh
+# ends (ON_EXIT: a `die`, an error, a fatal signal). Left behind, a timer would hold the agent's
+# output pipe open, so the command would not end, for the rest of the leg, then send its USR1
+# to a PID that another process may have by then.
 timer=""
+stop_timers() {
+  stop_recheck
+  [[ -n $timer ]] || return 0
+  pkill -P "$timer" 2>/dev/null || true
+  kill "$timer" 2>/dev/null || true
+  timer=""
+}
+ON_EXIT=stop_timers
 if ((time_limit > 0)); then
   leg_seconds=$((time_limit - stop_grace - SECONDS))
   ((leg_seconds > 0)) || leg_seconds=1
@@ -425,11 +437,7 @@ wait_until_reaped "$child" 0.5
 trap '' USR1 TERM INT HUP
 status=0
 wait "$child" || status=$?
-stop_recheck
-if [[ -n $timer ]]; then
-  pkill -P "$timer" 2>/dev/null || true
-  kill "$timer" 2>/dev/null || true
-fi
+stop_timers
 # torchrun starts its workers in sessions of their own (start_new_session=True): a torchrun
 # that died (the OOM killer's SIGKILL) leaves them training, holding the NeuronCores. Stop
 # what is left of this leg before reporting, so that the next attempt does not wait for it

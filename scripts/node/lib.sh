@@ -88,11 +88,16 @@ on_err() {
 # one line; `exit N`, die, on_err (the ERR trap) and the end of the script all pass through
 # it. EXIT_SOURCE names what produced the status in that line (the script by default).
 # A script that sets an EXIT trap of its own replaces this one (bootstrap.sh, which systemd
-# and the user data run, not the agent).
+# and the user data run, not the agent). ON_EXIT names a function to run first, however the
+# script ends (launch.sh: ending its leg timers).
 EXIT_SOURCE=""
 PASS_STATUS=""
+ON_EXIT=""
 report_exit_status() {
   local status=$?
+  if [[ -n $ON_EXIT ]]; then
+    "$ON_EXIT" || true
+  fi
   case $status in
     0 | 1 | 3 | 4 | 75) return 0 ;;
   esac
