@@ -28,7 +28,12 @@ deadline. Reading at every poll would cost a read's events (EVENTS_PER_PROGRESS_
 stacks/supervisor_limits.py) in every poll of that batch's history; read at most every
 ProgressReadSeconds, they cost the shortest PollSeconds little (min_poll_seconds).
 
-Before the attempt's first line the compile limit applies from when the nodes were ready.
+Before the attempt's first line the compile limit applies from when the nodes were ready, and
+the minute they were ready in is not the attempt's: CloudWatch answers from the start of that
+minute, and a retry's nodes are often ready within the minute of the previous attempt's last
+line, whose datapoint would otherwise read as the retry's progress (and give it HangSeconds
+while it compiles). The attempt's lines in that minute count from the next minute's datapoint
+on; until then the compile limit stands, never a shorter one.
 A datapoint's timestamp is the start of its minute (Period 60) and the window starts at the
 newest one seen, so at most a few datapoints come back however long the job runs, and a line
 that reaches CloudWatch late still counts once it is there.
@@ -140,11 +145,25 @@ def watch_progress(
     # when the newest minute's highest step is a compiling line's (the trainer's compiling
     # line comes before the steps it compiles for: docs/job-contract.md).
     phase = sfn.Choice(t.scope, f"{p}ProgressPhase")
-    new = sfn.Condition.not_(
-        sfn.Condition.and_(
-            sfn.Condition.string_equals_json_path("$.Read.Times[0]", "$.Progress.At"),
-            sfn.Condition.number_less_than_equals_json_path("$.Read.Steps[0]", "$.Progress.Step"),
-        )
+    # Before the attempt's first datapoint $.Progress.At is the time the nodes were ready, and
+    # GetMetricData rounds a StartTime down to its minute (StartTime, botocore's cloudwatch
+    # model): that minute's datapoint may hold the previous attempt's last lines, so only a
+    # later minute is the attempt's (a minute's timestamp is its start). Timestamps compare as
+    # times (ASL's TimestampGreaterThanPath; Step Functions ignores fractions of a second).
+    attempts_own = sfn.Condition.or_(
+        sfn.Condition.number_greater_than_equals("$.Progress.Step", 0),
+        sfn.Condition.timestamp_greater_than_json_path("$.Read.Times[0]", "$.Progress.At"),
+    )
+    new = sfn.Condition.and_(
+        attempts_own,
+        sfn.Condition.not_(
+            sfn.Condition.and_(
+                sfn.Condition.string_equals_json_path("$.Read.Times[0]", "$.Progress.At"),
+                sfn.Condition.number_less_than_equals_json_path(
+                    "$.Read.Steps[0]", "$.Progress.Step"
+                ),
+            )
+        ),
     )
     compiling = sfn.Condition.and_(
         sfn.Condition.string_equals_json_path("$.Read.CompilingTimes[0]", "$.Read.Times[0]"),

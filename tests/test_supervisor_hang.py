@@ -133,13 +133,18 @@ def read_progress(default: Synth, given: dict[str, Any]) -> tuple[str, dict[str,
     returns where it went and the state there."""
     from moto import mock_aws
 
+    from scripts.rehearsal.asl_timestamps import rfc3339_timestamps
     from scripts.rehearsal.supervisor import jayway_json_paths
 
     template = default.templates["operations"]
     found = dict(states(machine_definition(template, placeholder_refs(template))))
     chain = {f"RunTraining{n}": found[f"RunTraining{n}"] for n in READER}
     ends = {"RunTrainingWait": {"Type": "Succeed"}, "RunTrainingCancelRest": {"Type": "Succeed"}}
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), jayway_json_paths():
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        jayway_json_paths(),
+        rfc3339_timestamps(),
+    ):
         import boto3
 
         client = boto3.client("stepfunctions", region_name="us-east-1")
@@ -173,6 +178,8 @@ def _given(read: dict[str, Any], progress: dict[str, Any], waited: int) -> dict[
 
 
 MINUTE, NEXT = "2026-11-26T06:33:00.000Z", "2026-11-26T06:34:00.000Z"
+#: When the nodes were ready, as NodesReady writes $.Nodes.Since (no fraction of a second).
+SINCE = "2026-11-26T06:30:00Z"
 
 
 def test_a_job_that_compiles_past_the_training_limit_is_not_hung(default: Synth) -> None:
@@ -181,7 +188,7 @@ def test_a_job_that_compiles_past_the_training_limit_is_not_hung(default: Synth)
     limit, and the job compiling past HangSeconds (but within CompileHangSeconds) is polled
     again, not ended; a minute that holds the compile's end and the first steps gives the
     training limit; past the compile limit the attempt ends, "no progress since step N at T"."""
-    start = {"At": "2026-11-26T06:30:00.000Z", "Step": -1, "Phase": "compiling",
+    start = {"At": SINCE, "Step": -1, "Phase": "compiling",
              "Deadline": 10800, "NextRead": 0}  # fmt: skip
     compiling = {"Times": [MINUTE], "Steps": [0.0],
                  "CompilingTimes": [MINUTE], "CompilingSteps": [0.0]}  # fmt: skip
@@ -239,7 +246,7 @@ def test_a_job_with_no_progress_line_yet_is_ended_only_past_the_compile_limit(
     with empty Timestamps and Values: botocore's cloudwatch model): within CompileHangSeconds of
     the nodes being ready the reader waits for the next read; past it the attempt ends, "no
     progress since the nodes were ready"."""
-    start = {"At": "2026-11-26T06:30:00.000Z", "Step": -1, "Phase": "compiling",
+    start = {"At": SINCE, "Step": -1, "Phase": "compiling",
              "Deadline": 10800, "NextRead": 0}  # fmt: skip
     nothing = {"Times": [], "Steps": [], "CompilingTimes": [], "CompilingSteps": []}
     where, state = read_progress(default, _given(nothing, start, 5000))
@@ -248,5 +255,41 @@ def test_a_job_with_no_progress_line_yet_is_ended_only_past_the_compile_limit(
     where, state = read_progress(default, _given(nothing, start, 10800))
     assert where == "RunTrainingCancelRest", where
     assert state["Hang"]["Cause"].startswith(
-        "no progress since the nodes were ready at 2026-11-26T06:30:00.000Z"
+        f"no progress since the nodes were ready at {SINCE}"
     ), state
+
+
+def test_the_minute_the_nodes_were_ready_in_is_not_the_attempts_progress(default: Synth) -> None:
+    """A retry's nodes ready at 06:33:27, in the minute of the previous attempt's last line
+    (step 5): CloudWatch rounds GetMetricData's StartTime down to 06:33:00 (botocore's cloudwatch
+    model) and answers that minute's datapoint. It is not the retry's progress: the compile
+    limit from when the nodes were ready stands, and a retry compiling for longer than
+    HangSeconds is polled again, not ended (at 2c3d5cf it was: "no progress since step 5.0 at
+    06:33:00", HangSeconds after the first read); a later minute's datapoint is the retry's."""
+    since = "2026-11-26T06:33:27Z"
+    start = {"At": since, "Step": -1, "Phase": "compiling", "Deadline": 10800, "NextRead": 0}
+    stale = {"Times": [MINUTE], "Steps": [5.0], "CompilingTimes": [], "CompilingSteps": []}
+    where, state = read_progress(default, _given(stale, start, 5))
+    assert where == "RunTrainingWait", where
+    assert state["Progress"] == {**start, "NextRead": 5 + 600}, state
+    where, state = read_progress(default, _given(stale, state["Progress"], 5 + 1800 + 600))
+    assert where == "RunTrainingWait", state.get("Hang")
+    assert state["Progress"] == {**start, "NextRead": 5 + 1800 + 600 + 600}, state
+    # The retry's first lines, compiling, in the next minute: its progress, the compile limit.
+    own = {"Times": [NEXT, MINUTE], "Steps": [0.0, 5.0],
+           "CompilingTimes": [NEXT], "CompilingSteps": [0.0]}  # fmt: skip
+    where, state = read_progress(default, _given(own, state["Progress"], 3000))
+    assert where == "RunTrainingWait", where
+    assert state["Progress"] == {"At": NEXT, "Step": 0.0, "Phase": "compiling",
+                                 "Deadline": 3000 + 10800,
+                                 "NextRead": 3000 + 600}, state  # fmt: skip
+    # Only the stale minute, past the compile limit: no line of the attempt's was seen.
+    where, state = read_progress(default, _given(stale, start, 10800))
+    assert where == "RunTrainingCancelRest", where
+    assert state["Hang"]["Cause"].startswith(
+        f"no progress since the nodes were ready at {since}"
+    ), state
+    # Nodes ready at a minute's very start: that minute's datapoint is theirs, but waits for
+    # the next one too (timestamps compare to the second), never a shorter limit.
+    where, state = read_progress(default, _given(stale, {**start, "At": MINUTE[:-5] + "Z"}, 5))
+    assert where == "RunTrainingWait" and state["Progress"]["Step"] == -1, state

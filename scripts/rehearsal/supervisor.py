@@ -33,6 +33,7 @@ from typing import Any
 from scripts.cluster_lib import REPO_ROOT, ClusterError
 from scripts.cluster_lib.documents import DOCUMENT_NAMES
 from scripts.rehearsal import sdk_parameters
+from scripts.rehearsal.asl_timestamps import rfc3339_timestamps
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.job_queue import local_queue
 from scripts.rehearsal.metric_filter import template_filters
@@ -627,6 +628,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     paths = contextlib.ExitStack()
     for patch in (
         jayway_json_paths(),
+        rfc3339_timestamps(),
         sdk_parameter_names(),
         map_run_failures(),
         sdk_error_names(),
