@@ -316,3 +316,74 @@ def test_moto_alone_fails_a_listing_while_an_execution_starts() -> None:
     """What the adjustment is for: the job queue's settled() failed so in a full run."""
     outcome = _listed_while_starting(adjusted=False)
     assert "'NoneType' object has no attribute 'value'" in outcome, outcome
+
+
+def _stopped_while_parsing(adjusted: bool) -> str:
+    """An execution started while every parse waits (PARSE_LOCK held: RUNNING, its worker without
+    an environment yet) and stopped meanwhile, from another thread, as a test's clean-up stops
+    what a dispatcher just started; the lock released once the stop is under way. The
+    execution's status once it ended, or the error the stop raised."""
+    from moto import mock_aws
+    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+
+    from scripts.rehearsal.supervisor import (
+        PARSE_LOCK,
+        parses_one_at_a_time,
+        stops_wait_for_the_start,
+    )
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock_aws(config={"stepfunctions": {"execute_state_machine": True}}))
+        stack.enter_context(parses_one_at_a_time())
+        if adjusted:
+            stack.enter_context(stops_wait_for_the_start())
+        reached = threading.Event()
+        inner = ExecutionWorker.stop
+
+        def reaching(self: Any, *args: Any, **kwargs: Any) -> None:
+            reached.set()
+            inner(self, *args, **kwargs)
+
+        stack.callback(setattr, ExecutionWorker, "stop", inner)
+        ExecutionWorker.stop = reaching  # type: ignore[method-assign]
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        wait = {"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": True}}}
+        machine = sfn.create_state_machine(
+            name="held", roleArn="arn:aws:iam::123456789012:role/test", definition=json.dumps(wait)
+        )["stateMachineArn"]
+        outcome: list[str] = []
+        with PARSE_LOCK:
+            arn = sfn.start_execution(stateMachineArn=machine)["executionArn"]
+
+            def stop() -> None:
+                try:
+                    sfn.stop_execution(executionArn=arn)
+                    outcome.append("stopped")
+                except Exception as error:  # what moto alone raises
+                    outcome.append(f"{type(error).__name__}: {error}")
+
+            stopping = threading.Thread(target=stop)
+            stopping.start()
+            # Adjusted, the stop waits in the worker for the parse; moto alone, it ends at once.
+            if adjusted:
+                assert reached.wait(WAIT), "the stop never reached the execution's worker"
+            else:
+                stopping.join(WAIT)
+        stopping.join(WAIT)
+        if outcome != ["stopped"]:
+            return outcome[0]
+        deadline = time.monotonic() + WAIT
+        while (status := sfn.describe_execution(executionArn=arn)["status"]) == "RUNNING":
+            assert time.monotonic() < deadline, "the stopped execution never ended"
+            time.sleep(0.05)
+        return str(status)
+
+
+def test_an_execution_stopped_before_it_began_ends_aborted() -> None:
+    assert _stopped_while_parsing(adjusted=True) == "ABORTED"
+
+
+def test_moto_alone_fails_the_stop_of_an_execution_still_parsing() -> None:
+    """What the adjustment is for: test_stacks_queue.py's clean-up failed so in a run."""
+    outcome = _stopped_while_parsing(adjusted=False)
+    assert "set_stop" in outcome, outcome

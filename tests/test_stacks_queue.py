@@ -16,6 +16,7 @@ import itertools
 import json
 import threading
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -114,8 +115,28 @@ class Cluster:
             assert time.monotonic() < deadline, f"{job_id} still runs 60 s after its stop"
             time.sleep(0.05)
 
-    def settled(self) -> None:
-        self.local.rule.settled()
+    def settled(self, timeout: float = 120) -> None:
+        """Returns once every supervisor execution has either ended, its end delivered and
+        its dispatcher ended, or is holding (in Hold, which ends only when stopped): nothing
+        more happens until the test acts. An execution that ends by itself (a finishing or a
+        failing job) is waited for, however slowly the machine runs it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            before = self._supervisors()
+            if all(status != "RUNNING" or self._holding(arn) for arn, status in before.items()):
+                self.local.rule.settled(timeout)
+                if self._supervisors() == before:
+                    return
+            assert time.monotonic() < deadline, f"the queue did not settle in {timeout} s"
+            time.sleep(0.1)
+
+    def _supervisors(self) -> dict[str, str]:
+        listed = self.sfn.list_executions(stateMachineArn=self.supervisor)["executions"]
+        return {e["executionArn"]: e["status"] for e in listed}
+
+    def _holding(self, arn: str) -> bool:
+        events = self.sfn.get_execution_history(executionArn=arn)["events"]
+        return any(e.get("stateEnteredEventDetails", {}).get("name") == "Hold" for e in events)
 
 
 def _now() -> Any:
@@ -139,6 +160,7 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
         jayway_json_paths,
         sdk_error_names,
         sdk_parameter_names,
+        stops_wait_for_the_start,
     )
 
     template = default.templates["operations"]
@@ -150,6 +172,7 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
         sdk_parameter_names(),
         sdk_error_names(),
         executions_run_once_listed(),
+        stops_wait_for_the_start(),
     ):
         session = boto3.Session(
             region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing"
@@ -480,8 +503,8 @@ def test_the_rule_has_delivered_an_event_only_once_its_dispatcher_started() -> N
     """settled() waits for events, not for a pause: a supervisor execution that ended counts as
     delivered once the dispatcher execution its event starts exists, however long that start
     takes (here until the test releases it). Before, it counted from the moment the rule saw it,
-    and a start slower than settled()'s 0.3-s second look on a loaded machine let a test read
-    the queue before the dispatcher had started the next job."""
+    and a start slower than settled()'s second look (then 0.3 s after the first) on a loaded
+    machine let a test read the queue before the dispatcher had started the next job."""
     from scripts.rehearsal.job_queue import RuleEmulator
 
     client = _SlowStartClient()
@@ -491,7 +514,7 @@ def test_the_rule_has_delivered_an_event_only_once_its_dispatcher_started() -> N
     assert client.entered.wait(60)
     settling = threading.Thread(target=rule.settled, kwargs={"timeout": 120}, daemon=True)
     settling.start()
-    settling.join(2)  # far longer than settled()'s second look: it must still wait
+    settling.join(2)  # twenty of settled()'s looks: it must still wait
     assert settling.is_alive(), "settled() returned while the dispatcher's start was under way"
     client.release.set()
     delivering.join(60)
@@ -533,3 +556,35 @@ def test_the_rule_goes_through_the_api_only_when_an_execution_ended_undelivered(
         rule.deliver(client)
         assert [e["detail"]["executionArn"] for e in rule.delivered] == [arn]
         assert not rule.undelivered()
+
+
+class _EndingSupervisor:
+    """Step Functions as Cluster.settled sees it: one supervisor execution, RUNNING and not in
+    Hold (a job that fails or finishes by itself) until the test ends it."""
+
+    def __init__(self) -> None:
+        self.status = "RUNNING"
+
+    def list_executions(self, stateMachineArn: str) -> dict[str, Any]:
+        return {"executions": [{"executionArn": "q-first", "status": self.status}]}
+
+    def get_execution_history(self, executionArn: str) -> dict[str, Any]:
+        entered = [{"type": "ChoiceStateEntered", "stateEnteredEventDetails": {"name": "Outcome"}}]
+        return {"events": entered}
+
+
+def test_settled_waits_for_a_supervisor_that_ends_by_itself() -> None:
+    """A queued job's supervisor that fails or finishes on its own is waited for, however slowly
+    it runs: test_the_queue_goes_on_after_a_supervisor_that_failed read the queue while
+    `q4-first` still ran on a loaded machine (the next job never started), when settled()
+    waited only for the dispatchers and ended supervisors."""
+    sfn = _EndingSupervisor()
+    rule = types.SimpleNamespace(settled=lambda timeout: None)
+    cluster = Cluster(None, sfn, None, "supervisor", types.SimpleNamespace(rule=rule), None)  # type: ignore[arg-type]
+    settling = threading.Thread(target=cluster.settled, kwargs={"timeout": 120}, daemon=True)
+    settling.start()
+    settling.join(2)
+    assert settling.is_alive(), "settled() returned while a supervisor execution ran"
+    sfn.status = "FAILED"
+    settling.join(60)
+    assert not settling.is_alive()

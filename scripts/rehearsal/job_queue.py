@@ -191,30 +191,34 @@ class RuleEmulator:
 
     def settled(self, timeout: float = 120) -> None:
         """Returns once every ended supervisor execution has been delivered and no dispatcher
-        execution runs (the bound only keeps a broken run from hanging). Once the rule is
-        closed no event comes: only the dispatchers are waited for."""
+        execution runs (the bound only keeps a broken run from hanging); a supervisor execution
+        still running is not waited for. Once the rule is closed no event comes: only the
+        dispatchers are waited for.
+
+        Settled is read from three listings in this order, with no pause between them to
+        race: the dispatchers (none running: whatever they started exists by now), the
+        supervisors (each that ended delivered: its dispatcher exists), the dispatchers again
+        (the same ones, none running: no delivery started one since the first listing)."""
         if self._stop.is_set():
             self.settled_dispatchers(timeout)
             return
         client = self.session.client("stepfunctions", region_name=self.region)
         deadline = time.monotonic() + timeout
+
+        def dispatchers() -> dict[str, str] | None:
+            """The dispatcher's executions and their statuses; None while one runs."""
+            found = {
+                e["executionArn"]: e["status"]
+                for e in client.list_executions(stateMachineArn=self.dispatcher)["executions"]
+            }
+            return None if "RUNNING" in found.values() else found
+
         while True:
-            supervisors = client.list_executions(stateMachineArn=self.supervisor)["executions"]
-            ended = {e["executionArn"] for e in supervisors if e["status"] != "RUNNING"}
-            dispatching = client.list_executions(
-                stateMachineArn=self.dispatcher, statusFilter="RUNNING"
-            )["executions"]
-            if ended <= self._seen and not dispatching:
-                # Once more: a dispatcher that just ended may have started a supervisor that
-                # ended at once.
-                time.sleep(0.3)
-                again = client.list_executions(stateMachineArn=self.supervisor)["executions"]
-                if (
-                    len(again) == len(supervisors)
-                    and not client.list_executions(
-                        stateMachineArn=self.dispatcher, statusFilter="RUNNING"
-                    )["executions"]
-                ):
+            before = dispatchers()
+            if before is not None:
+                supervisors = client.list_executions(stateMachineArn=self.supervisor)["executions"]
+                ended = {e["executionArn"] for e in supervisors if e["status"] != "RUNNING"}
+                if ended <= self._seen and dispatchers() == before:
                     return
             if time.monotonic() > deadline:
                 raise AssertionError(f"the job queue did not settle in {timeout} s")

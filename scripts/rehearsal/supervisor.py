@@ -25,6 +25,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -527,6 +528,32 @@ def executions_run_once_listed() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def stops_wait_for_the_start() -> Iterator[None]:
+    """moto's interpreter, stopping an execution that has not begun evaluating once it has: its
+    worker makes its environment only after parsing the definition (ExecutionWorker.
+    _execution_logic, moto 5.2), and StopExecution meanwhile fails with "'NoneType' object has
+    no attribute 'set_stop'" (a test stopping every RUNNING execution as it ends met one that a
+    dispatcher had just started). Step Functions stops any execution that is RUNNING."""
+    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+
+    original = ExecutionWorker.stop
+
+    def stop(self: Any, stop_date: Any, error: Any, cause: Any) -> None:
+        deadline = time.monotonic() + 120  # an upper bound only: the parse takes moments
+        while self.env is None:
+            if time.monotonic() > deadline:
+                raise AssertionError("an execution never began evaluating in 120 s")
+            time.sleep(0.01)
+        original(self, stop_date, error, cause)
+
+    ExecutionWorker.stop = stop  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ExecutionWorker.stop = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def unstarted_executions_hold_no_tokens() -> Iterator[None]:
     """moto's interpreter, passing over an execution that has not begun evaluating when it
     looks for a task token's owner (SendTaskSuccess, SendTaskFailure, SendTaskHeartbeat) or a
@@ -635,6 +662,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         stops_stay_stopped(),
         parses_one_at_a_time(),
         unstarted_executions_hold_no_tokens(),
+        stops_wait_for_the_start(),
         executions_run_once_listed(),
         long_polls_wait_for_changes(),
     ):
