@@ -41,6 +41,7 @@ from scripts.rehearsal.metric_filter import template_filters
 from scripts.rehearsal.metrics_stand_in import MetricsStandIn
 from scripts.rehearsal.sdk_clients import one_at_a_time
 from scripts.rehearsal.sqs_waits import long_polls_wait_for_changes
+from scripts.rehearsal.task_timeouts import timed_out_tasks_refuse_their_tokens
 from scripts.rehearsal.wake import WAKE_CONSTRUCT, create_queue, local_wake, queue_logical_id
 
 ACCOUNT = "123456789012"
@@ -660,6 +661,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
         map_run_failures(),
         sdk_error_names(),
         stops_stay_stopped(),
+        timed_out_tasks_refuse_their_tokens(),
         parses_one_at_a_time(),
         unstarted_executions_hold_no_tokens(),
         stops_wait_for_the_start(),
