@@ -28,12 +28,15 @@ deadline. Reading at every poll would cost a read's events (EVENTS_PER_PROGRESS_
 stacks/supervisor_limits.py) in every poll of that batch's history; read at most every
 ProgressReadSeconds, they cost the shortest PollSeconds little (min_poll_seconds).
 
-Before the attempt's first line the compile limit applies from when the nodes were ready, and
-the minute they were ready in is not the attempt's: CloudWatch answers from the start of that
-minute, and a retry's nodes are often ready within the minute of the previous attempt's last
-line, whose datapoint would otherwise read as the retry's progress (and give it HangSeconds
-while it compiles). The attempt's lines in that minute count from the next minute's datapoint
-on; until then the compile limit stands, never a shorter one.
+Before the attempt's first line the compile limit applies from when the nodes were ready. The
+minute they were ready in may hold the previous attempt's last line (a retry's nodes are often
+ready within a minute of it; the cluster's previous job's, in a queue), and CloudWatch answers
+from the start of that minute: read as the attempt's progress, it gave a retry HangSeconds
+while it compiled. So the batch's first read keeps that minute's highest step as stale
+($.Progress.Stale); progress is a later minute, or that minute's step grown past the stale one.
+The first read comes at the first poll, a wait after RunTraining was sent: the attempt's own
+lines in that minute by then read as stale too, and count from its next minute on (the compile
+limit stands until then, never a shorter one).
 A datapoint's timestamp is the start of its minute (Period 60) and the window starts at the
 newest one seen, so at most a few datapoints come back however long the job runs, and a line
 that reaches CloudWatch late still counts once it is there.
@@ -53,6 +56,9 @@ from stacks.supervisor_tasks import SupervisorTasks
 PERIOD_SECONDS = 60
 #: The query IDs (MetricDataQuery.Id: a lowercase letter first).
 ANY, COMPILING = "any", "compiling"
+#: $.Progress.Stale before the batch's first read: the highest step of the minute the nodes
+#: were ready in is not known yet (-1 once read: no datapoint in that minute).
+UNREAD = -2
 
 
 def initial_progress() -> dict[str, Any]:
@@ -64,6 +70,7 @@ def initial_progress() -> dict[str, Any]:
         "Phase": "compiling",
         "Deadline": sfn.JsonPath.number_at("$.Job.CompileHangSeconds"),
         "NextRead": 0,
+        "Stale": UNREAD,
     }
 
 
@@ -147,12 +154,23 @@ def watch_progress(
     phase = sfn.Choice(t.scope, f"{p}ProgressPhase")
     # Before the attempt's first datapoint $.Progress.At is the time the nodes were ready, and
     # GetMetricData rounds a StartTime down to its minute (StartTime, botocore's cloudwatch
-    # model): that minute's datapoint may hold the previous attempt's last lines, so only a
-    # later minute is the attempt's (a minute's timestamp is its start). Timestamps compare as
-    # times (ASL's TimestampGreaterThanPath; Step Functions ignores fractions of a second).
+    # model): that minute's datapoint may hold the previous attempt's last lines (a minute's
+    # timestamp is its start). So the first read keeps that minute's highest step as stale
+    # ($.Progress.Stale), and what is the attempt's is a later minute (timestamps compare as
+    # times: ASL's TimestampGreaterThanPath; Step Functions ignores fractions of a second) or
+    # that minute's step grown past the stale one since.
+    nothing_yet = sfn.Condition.number_less_than("$.Progress.Step", 0)
+    unread = sfn.Condition.number_equals("$.Progress.Stale", UNREAD)
+    later_minute = sfn.Condition.timestamp_greater_than_json_path(
+        "$.Read.Times[0]", "$.Progress.At"
+    )
     attempts_own = sfn.Condition.or_(
-        sfn.Condition.number_greater_than_equals("$.Progress.Step", 0),
-        sfn.Condition.timestamp_greater_than_json_path("$.Read.Times[0]", "$.Progress.At"),
+        sfn.Condition.not_(nothing_yet),
+        later_minute,
+        sfn.Condition.and_(
+            sfn.Condition.not_(unread),
+            sfn.Condition.number_greater_than_json_path("$.Read.Steps[0]", "$.Progress.Stale"),
+        ),
     )
     new = sfn.Condition.and_(
         attempts_own,
@@ -185,23 +203,32 @@ def watch_progress(
                 "Phase": phase,
                 "Deadline.$": f"States.MathAdd($.Alive.Waited, {limit})",
                 "NextRead.$": _next_read(),
+                "Stale": sfn.JsonPath.number_at("$.Progress.Stale"),
             },
             result_path="$.Progress",
         )
 
-    # Nothing new and the deadline not reached: the same progress, read again later.
-    quiet = sfn.Pass(
-        t.scope,
-        f"{p}ProgressQuiet",
-        parameters={
-            "At": sfn.JsonPath.string_at("$.Progress.At"),
-            "Step": sfn.JsonPath.number_at("$.Progress.Step"),
-            "Phase": sfn.JsonPath.string_at("$.Progress.Phase"),
-            "Deadline": sfn.JsonPath.number_at("$.Progress.Deadline"),
-            "NextRead.$": _next_read(),
-        },
-        result_path="$.Progress",
-    )
+    def kept(name: str, stale: Any) -> sfn.Pass:
+        """The same progress, read again later, with `stale` as $.Progress.Stale."""
+        return sfn.Pass(
+            t.scope,
+            f"{p}{name}",
+            parameters={
+                "At": sfn.JsonPath.string_at("$.Progress.At"),
+                "Step": sfn.JsonPath.number_at("$.Progress.Step"),
+                "Phase": sfn.JsonPath.string_at("$.Progress.Phase"),
+                "Deadline": sfn.JsonPath.number_at("$.Progress.Deadline"),
+                "NextRead.$": _next_read(),
+                "Stale": stale,
+            },
+            result_path="$.Progress",
+        )
+
+    # Nothing new and the deadline not reached.
+    quiet = kept("ProgressQuiet", sfn.JsonPath.number_at("$.Progress.Stale"))
+    # The first read: the highest step of the minute the nodes were ready in, or none.
+    stale_seen = kept("ProgressStale", sfn.JsonPath.number_at("$.Read.Steps[0]"))
+    none_seen = kept("ProgressNoneStale", -1)
     still = sfn.Choice(t.scope, f"{p}NoProgress")
     no_line = sfn.Pass(
         t.scope,
@@ -229,6 +256,8 @@ def watch_progress(
     no_line.next(hang)
     stalled.next(hang)
     quiet.next(wait)
+    stale_seen.next(wait)
+    none_seen.next(wait)
     training = progressed("Progressed", "$.Job.HangSeconds", "training").next(wait)
     recompiled = progressed("ProgressedCompiling", "$.Job.CompileHangSeconds", "compiling")
     recompiled.next(wait)
@@ -242,13 +271,15 @@ def watch_progress(
         recompiled,
     ).when(past_deadline, still).otherwise(quiet)
     made.when(
+        sfn.Condition.and_(nothing_yet, unread, sfn.Condition.not_(later_minute)), stale_seen
+    ).when(
         sfn.Condition.and_(new, sfn.Condition.is_present("$.Read.CompilingTimes[0]")), phase
     ).when(new, training).when(
         sfn.Condition.is_present("$.Read.CompilingTimes[0]"), recompiling
     ).when(past_deadline, still).otherwise(quiet)
     seen.when(sfn.Condition.is_present("$.Read.Times[0]"), made).when(
-        past_deadline, still
-    ).otherwise(quiet)
+        sfn.Condition.and_(nothing_yet, unread), none_seen
+    ).when(past_deadline, still).otherwise(quiet)
     read.next(seen)
     return read
 

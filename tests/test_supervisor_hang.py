@@ -122,8 +122,8 @@ def test_a_job_that_stops_stepping_is_ended_and_retried_from_its_checkpoint(
 
 #: The reader's states after its GetMetricData (stacks/supervisor_progress.py), run alone.
 READER = ["ProgressSeen", "ProgressMade", "ProgressPhase", "Progressed", "ProgressedCompiling",
-          "ProgressRecompiling", "ProgressQuiet", "NoProgress", "NoProgressLine",
-          "ProgressStalled"]  # fmt: skip
+          "ProgressRecompiling", "ProgressQuiet", "ProgressStale", "ProgressNoneStale",
+          "NoProgress", "NoProgressLine", "ProgressStalled"]  # fmt: skip
 
 
 def read_progress(default: Synth, given: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -189,13 +189,14 @@ def test_a_job_that_compiles_past_the_training_limit_is_not_hung(default: Synth)
     again, not ended; a minute that holds the compile's end and the first steps gives the
     training limit; past the compile limit the attempt ends, "no progress since step N at T"."""
     start = {"At": SINCE, "Step": -1, "Phase": "compiling",
-             "Deadline": 10800, "NextRead": 0}  # fmt: skip
+             "Deadline": 10800, "NextRead": 0, "Stale": -1}  # fmt: skip
     compiling = {"Times": [MINUTE], "Steps": [0.0],
                  "CompilingTimes": [MINUTE], "CompilingSteps": [0.0]}  # fmt: skip
     where, state = read_progress(default, _given(compiling, start, 100))
     assert where == "RunTrainingWait", where
     assert state["Progress"] == {"At": MINUTE, "Step": 0.0, "Phase": "compiling",
-                                 "Deadline": 100 + 10800, "NextRead": 100 + 600}  # fmt: skip
+                                 "Deadline": 100 + 10800, "NextRead": 100 + 600,
+                                 "Stale": -1}  # fmt: skip
     # Nothing new for longer than HangSeconds: still compiling, polled again, the next read
     # ProgressReadSeconds later.
     quiet = _given(compiling, state["Progress"], 100 + 1800 + 60)
@@ -203,7 +204,7 @@ def test_a_job_that_compiles_past_the_training_limit_is_not_hung(default: Synth)
     assert where == "RunTrainingWait", where
     assert state["Progress"] == {"At": MINUTE, "Step": 0.0, "Phase": "compiling",
                                  "Deadline": 100 + 10800,
-                                 "NextRead": 100 + 1800 + 60 + 600}  # fmt: skip
+                                 "NextRead": 100 + 1800 + 60 + 600, "Stale": -1}  # fmt: skip
     # The compile's end and step 5 in one minute: training, the training limit.
     mixed = {"Times": [NEXT, MINUTE], "Steps": [5.0, 0.0],
              "CompilingTimes": [NEXT, MINUTE], "CompilingSteps": [0.0, 0.0]}  # fmt: skip
@@ -214,19 +215,19 @@ def test_a_job_that_compiles_past_the_training_limit_is_not_hung(default: Synth)
     where, state = read_progress(default, _given(steps, state["Progress"], 2100))
     assert state["Progress"] == {"At": NEXT, "Step": 9.0, "Phase": "training",
                                  "Deadline": 2100 + 1800,
-                                 "NextRead": 2100 + 600}, state  # fmt: skip
+                                 "NextRead": 2100 + 600, "Stale": -1}, state  # fmt: skip
     # A compile after training steps (an evaluation's graph) whose line falls in the same
     # minute and at the same step as the newest training line: no new step, a new phase, so
     # the compile limit from now; past HangSeconds it is polled again, not ended.
     seen = {"At": NEXT, "Step": 9.0, "Phase": "training", "Deadline": 2100 + 1800,
-            "NextRead": 2100 + 600}  # fmt: skip
+            "NextRead": 2100 + 600, "Stale": -1}  # fmt: skip
     recompiling = {"Times": [NEXT], "Steps": [9.0],
                    "CompilingTimes": [NEXT], "CompilingSteps": [9.0]}  # fmt: skip
     where, state = read_progress(default, _given(recompiling, seen, 2700))
     assert where == "RunTrainingWait", where
     assert state["Progress"] == {"At": NEXT, "Step": 9.0, "Phase": "compiling",
                                  "Deadline": 2700 + 10800,
-                                 "NextRead": 2700 + 600}, state  # fmt: skip
+                                 "NextRead": 2700 + 600, "Stale": -1}, state  # fmt: skip
     where, state = read_progress(default, _given(recompiling, state["Progress"], 2700 + 1900))
     assert where == "RunTrainingWait" and state["Progress"]["Deadline"] == 2700 + 10800, state
     # Without the phase kept, the same read past HangSeconds ended the attempt as hung.
@@ -247,12 +248,15 @@ def test_a_job_with_no_progress_line_yet_is_ended_only_past_the_compile_limit(
     the nodes being ready the reader waits for the next read; past it the attempt ends, "no
     progress since the nodes were ready"."""
     start = {"At": SINCE, "Step": -1, "Phase": "compiling",
-             "Deadline": 10800, "NextRead": 0}  # fmt: skip
+             "Deadline": 10800, "NextRead": 0, "Stale": -2}  # fmt: skip
     nothing = {"Times": [], "Steps": [], "CompilingTimes": [], "CompilingSteps": []}
-    where, state = read_progress(default, _given(nothing, start, 5000))
+    where, state = read_progress(default, _given(nothing, start, 60))
     assert where == "RunTrainingWait", where
-    assert state["Progress"] == {**start, "NextRead": 5000 + 600}, state
-    where, state = read_progress(default, _given(nothing, start, 10800))
+    assert state["Progress"] == {**start, "NextRead": 60 + 600, "Stale": -1}, state
+    where, state = read_progress(default, _given(nothing, state["Progress"], 5000))
+    assert where == "RunTrainingWait", where
+    assert state["Progress"] == {**start, "NextRead": 5000 + 600, "Stale": -1}, state
+    where, state = read_progress(default, _given(nothing, state["Progress"], 10800))
     assert where == "RunTrainingCancelRest", where
     assert state["Hang"]["Cause"].startswith(
         f"no progress since the nodes were ready at {SINCE}"
@@ -262,34 +266,46 @@ def test_a_job_with_no_progress_line_yet_is_ended_only_past_the_compile_limit(
 def test_the_minute_the_nodes_were_ready_in_is_not_the_attempts_progress(default: Synth) -> None:
     """A retry's nodes ready at 06:33:27, in the minute of the previous attempt's last line
     (step 5): CloudWatch rounds GetMetricData's StartTime down to 06:33:00 (botocore's cloudwatch
-    model) and answers that minute's datapoint. It is not the retry's progress: the compile
-    limit from when the nodes were ready stands, and a retry compiling for longer than
+    model) and answers that minute's datapoint. The first read keeps its step as stale: the
+    compile limit from when the nodes were ready stands, and a retry compiling for longer than
     HangSeconds is polled again, not ended (at 2c3d5cf it was: "no progress since step 5.0 at
-    06:33:00", HangSeconds after the first read); a later minute's datapoint is the retry's."""
+    06:33:00", HangSeconds after the first read); a later minute's datapoint, or that minute's
+    step grown past the stale one, is the retry's."""
     since = "2026-11-26T06:33:27Z"
-    start = {"At": since, "Step": -1, "Phase": "compiling", "Deadline": 10800, "NextRead": 0}
+    start = {"At": since, "Step": -1, "Phase": "compiling", "Deadline": 10800, "NextRead": 0,
+             "Stale": -2}  # fmt: skip
     stale = {"Times": [MINUTE], "Steps": [5.0], "CompilingTimes": [], "CompilingSteps": []}
     where, state = read_progress(default, _given(stale, start, 5))
     assert where == "RunTrainingWait", where
-    assert state["Progress"] == {**start, "NextRead": 5 + 600}, state
+    kept = {**start, "Stale": 5.0}
+    assert state["Progress"] == {**kept, "NextRead": 5 + 600}, state
     where, state = read_progress(default, _given(stale, state["Progress"], 5 + 1800 + 600))
     assert where == "RunTrainingWait", state.get("Hang")
-    assert state["Progress"] == {**start, "NextRead": 5 + 1800 + 600 + 600}, state
+    assert state["Progress"] == {**kept, "NextRead": 5 + 1800 + 600 + 600}, state
     # The retry's first lines, compiling, in the next minute: its progress, the compile limit.
     own = {"Times": [NEXT, MINUTE], "Steps": [0.0, 5.0],
            "CompilingTimes": [NEXT], "CompilingSteps": [0.0]}  # fmt: skip
     where, state = read_progress(default, _given(own, state["Progress"], 3000))
     assert where == "RunTrainingWait", where
     assert state["Progress"] == {"At": NEXT, "Step": 0.0, "Phase": "compiling",
-                                 "Deadline": 3000 + 10800,
-                                 "NextRead": 3000 + 600}, state  # fmt: skip
+                                 "Deadline": 3000 + 10800, "NextRead": 3000 + 600,
+                                 "Stale": 5.0}, state  # fmt: skip
+    # That minute's step past the stale one: lines written since the first read, the retry's.
+    grown = {"Times": [MINUTE], "Steps": [7.0], "CompilingTimes": [], "CompilingSteps": []}
+    where, state = read_progress(default, _given(grown, {**kept, "NextRead": 605}, 700))
+    assert state["Progress"] == {"At": MINUTE, "Step": 7.0, "Phase": "training",
+                                 "Deadline": 700 + 1800, "NextRead": 700 + 600,
+                                 "Stale": 5.0}, state  # fmt: skip
     # Only the stale minute, past the compile limit: no line of the attempt's was seen.
-    where, state = read_progress(default, _given(stale, start, 10800))
+    where, state = read_progress(default, _given(stale, kept, 10800))
     assert where == "RunTrainingCancelRest", where
     assert state["Hang"]["Cause"].startswith(
         f"no progress since the nodes were ready at {since}"
     ), state
-    # Nodes ready at a minute's very start: that minute's datapoint is theirs, but waits for
-    # the next one too (timestamps compare to the second), never a shorter limit.
-    where, state = read_progress(default, _given(stale, {**start, "At": MINUTE[:-5] + "Z"}, 5))
-    assert where == "RunTrainingWait" and state["Progress"]["Step"] == -1, state
+    # Nothing in that minute at the first read (a new cluster's first job): a datapoint of that
+    # minute later on is the attempt's.
+    nothing = {"Times": [], "Steps": [], "CompilingTimes": [], "CompilingSteps": []}
+    where, state = read_progress(default, _given(nothing, start, 1))
+    assert state["Progress"]["Stale"] == -1, state
+    where, state = read_progress(default, _given(stale, state["Progress"], 30))
+    assert state["Progress"]["Step"] == 5.0 and state["Progress"]["Deadline"] == 30 + 1800, state
