@@ -213,3 +213,15 @@ def test_a_token_sent_in_time_wakes_the_park_once() -> None:
         history = _history(sfn, arn)
     outcomes = [t for t in history if t in ("TaskSucceeded", "TaskTimedOut")]
     assert outcomes == ["TaskSucceeded"] and _after_exit(history) == [], history
+
+
+def test_the_refusal_is_an_error_send_task_success_names() -> None:
+    """The refusal's code is one of SendTaskSuccess's errors in botocore's stepfunctions model
+    (and SendTaskFailure's and SendTaskHeartbeat's): a caller's Catch on it matches here as on
+    AWS."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("stepfunctions")
+    for operation in ("SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"):
+        errors = {shape.name for shape in model.operation_model(operation).error_shapes}
+        assert "TaskTimedOut" in errors, (operation, errors)
