@@ -225,3 +225,29 @@ def test_the_refusal_is_an_error_send_task_success_names() -> None:
     for operation in ("SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"):
         errors = {shape.name for shape in model.operation_model(operation).error_shapes}
         assert "TaskTimedOut" in errors, (operation, errors)
+
+
+def test_a_park_whose_send_failed_leaves_no_deadline_behind() -> None:
+    """A park whose SendMessage fails (its queue is gone) never reaches its callback's wait,
+    which takes the deadline its timeout set: the adjustment drops it as it ends, so a long
+    rehearsal's failed sends add nothing that outlives it."""
+    from moto import mock_aws
+
+    from scripts.rehearsal import task_timeouts
+
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        _machine(adjusted=True) as (sqs, sfn, url, machine),
+    ):
+        sqs.delete_queue(QueueUrl=url)
+        with _threads_joined():
+            arn = sfn.start_execution(stateMachineArn=machine, input=json.dumps({"Seconds": WAIT}))[
+                "executionArn"
+            ]
+            deadline = time.monotonic() + WAIT
+            while sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+                assert time.monotonic() < deadline, "the park's failed send never ended it"
+                time.sleep(0.02)
+        assert sfn.describe_execution(executionArn=arn)["status"] == "FAILED"
+        assert len(task_timeouts._DEADLINES) == 1  # the deadline its timeout set, never taken
+    assert task_timeouts._DEADLINES == {}

@@ -40,7 +40,9 @@ GRACE_SECONDS = 60
 _LOCK = threading.Lock()
 #: Set on the thread of a waitForTaskToken Task's outer wait while it reads its timeout.
 _OUTER = threading.local()
-#: Each waiting task token's deadline (time.monotonic()).
+#: Each waiting task token's deadline (time.monotonic()): set as the Task's timeout is read,
+#: taken by its callback's wait, and, for a Task that never reached that wait (its send failed),
+#: dropped as the adjustment ends.
 _DEADLINES: dict[str, float] = {}
 
 
@@ -131,3 +133,4 @@ def timed_out_tasks_refuse_their_tokens() -> Iterator[None]:
         CallbackEndpoint.wait = wait  # type: ignore[method-assign]
         for name, original in deliveries.items():
             setattr(CallbackPoolManager, name, original)
+        _DEADLINES.clear()
