@@ -402,9 +402,7 @@ def test_the_drain_stops_only_the_slots_jobs_executions_not_the_next_ones() -> N
     from scripts.rehearsal.supervisor import (
         SfnAsSdkIntegration,
         definition,
-        jayway_json_paths,
-        sdk_error_names,
-        sdk_parameter_names,
+        step_functions_as_on_aws,
     )
     from tests.test_stacks_queue import placeholder_refs
 
@@ -414,9 +412,7 @@ def test_the_drain_stops_only_the_slots_jobs_executions_not_the_next_ones() -> N
     original = aws_sdk.boto_client_for
     with (
         mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
-        jayway_json_paths(),
-        sdk_parameter_names(),
-        sdk_error_names(),
+        step_functions_as_on_aws(),
     ):
         session = boto3.Session(
             region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"

@@ -156,11 +156,7 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
 
     from scripts.rehearsal.supervisor import (
         SfnAsSdkIntegration,
-        executions_run_once_listed,
-        jayway_json_paths,
-        sdk_error_names,
-        sdk_parameter_names,
-        stops_wait_for_the_start,
+        step_functions_as_on_aws,
     )
 
     template = default.templates["operations"]
@@ -168,11 +164,7 @@ def queue_cluster(default: Synth) -> Iterator[Cluster]:
     original = aws_sdk.boto_client_for
     with (
         mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
-        jayway_json_paths(),
-        sdk_parameter_names(),
-        sdk_error_names(),
-        executions_run_once_listed(),
-        stops_wait_for_the_start(),
+        step_functions_as_on_aws(),
     ):
         session = boto3.Session(
             region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing"

@@ -36,7 +36,11 @@ from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import Instance
 from scripts.rehearsal.job_queue import claim_slot
 from scripts.rehearsal.supervisor import definition as machine_definition
-from scripts.rehearsal.supervisor import jayway_json_paths, local_supervisor, map_run_histories
+from scripts.rehearsal.supervisor import (
+    local_supervisor,
+    map_run_histories,
+    step_functions_as_on_aws,
+)
 from stacks.config import MAX_NODES
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_group import address_filters
@@ -1058,7 +1062,10 @@ def run_states(
         if name == last:
             break
         name = following
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), jayway_json_paths():
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        step_functions_as_on_aws(),
+    ):
         import boto3
 
         client = boto3.client("stepfunctions", region_name="us-east-1")

@@ -32,10 +32,9 @@ from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedIn
 from scripts.rehearsal.job_queue import claim_slot
 from scripts.rehearsal.supervisor import (
     MAP_RUN_FAILED,
-    jayway_json_paths,
     local_supervisor,
-    map_run_failures,
     map_run_histories,
+    step_functions_as_on_aws,
     synthesize_operations,
 )
 from scripts.rehearsal.supervisor import definition as machine_definition
@@ -321,8 +320,7 @@ def test_a_failed_read_of_the_nodes_is_caught_and_the_job_fails_naming_it(
     }
     with (
         mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
-        jayway_json_paths(),
-        map_run_failures(),
+        step_functions_as_on_aws(),
     ):
         import boto3
 

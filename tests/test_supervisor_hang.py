@@ -133,8 +133,7 @@ def read_progress(default: Synth, given: dict[str, Any]) -> tuple[str, dict[str,
     returns where it went and the state there."""
     from moto import mock_aws
 
-    from scripts.rehearsal.asl_timestamps import rfc3339_timestamps
-    from scripts.rehearsal.supervisor import jayway_json_paths
+    from scripts.rehearsal.supervisor import step_functions_as_on_aws
 
     template = default.templates["operations"]
     found = dict(states(machine_definition(template, placeholder_refs(template))))
@@ -142,8 +141,7 @@ def read_progress(default: Synth, given: dict[str, Any]) -> tuple[str, dict[str,
     ends = {"RunTrainingWait": {"Type": "Succeed"}, "RunTrainingCancelRest": {"Type": "Succeed"}}
     with (
         mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
-        jayway_json_paths(),
-        rfc3339_timestamps(),
+        step_functions_as_on_aws(),
     ):
         import boto3
 

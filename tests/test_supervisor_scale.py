@@ -21,7 +21,7 @@ import pytest
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import REGION, Instance
 from scripts.rehearsal.supervisor import definition as machine_definition
-from scripts.rehearsal.supervisor import jayway_json_paths, map_run_histories, sdk_parameter_names
+from scripts.rehearsal.supervisor import map_run_histories, step_functions_as_on_aws
 from stacks.supervisor import JOB_DEFAULTS
 from stacks.supervisor_limits import SEND_BATCH, TAG_PAGE, tag_pages
 from tests.cdk_support import Synth, synth
@@ -97,8 +97,7 @@ def run_against(
     original = aws_sdk.boto_client_for
     with (
         mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
-        jayway_json_paths(),
-        sdk_parameter_names(),
+        step_functions_as_on_aws(),
         map_run_histories() as children,
     ):
         aws_sdk.boto_client_for = lambda region, service, *_, **__: session.client(

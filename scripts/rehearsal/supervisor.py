@@ -609,6 +609,30 @@ def sdk_error_names() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def step_functions_as_on_aws() -> Iterator[None]:
+    """Every adjustment above, and the interpreter's in their own modules, at once: each
+    harness that runs a synthesized state machine in moto enters this, so that none of them
+    runs one where moto is kinder than Step Functions."""
+    with contextlib.ExitStack() as adjusted:
+        for adjustment in (
+            jayway_json_paths(),
+            rfc3339_timestamps(),
+            sdk_parameter_names(),
+            map_run_failures(),
+            sdk_error_names(),
+            stops_stay_stopped(),
+            timed_out_tasks_refuse_their_tokens(),
+            parses_one_at_a_time(),
+            unstarted_executions_hold_no_tokens(),
+            stops_wait_for_the_start(),
+            executions_run_once_listed(),
+            long_polls_wait_for_changes(),
+        ):
+            adjusted.enter_context(adjustment)
+        yield
+
+
+@contextlib.contextmanager
 def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[str]:
     """moto's Step Functions, with the interpreter on, holding the operations stack's state
     machine; the stand-in's stack outputs gain JobStateMachineArn. Yields the machine's ARN."""
@@ -654,21 +678,7 @@ def local_supervisor(cloud: LocalCloud, template: dict[str, Any]) -> Iterator[st
     # moto runs state machines only with this setting (moto/stepfunctions/responses.py).
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
     paths = contextlib.ExitStack()
-    for patch in (
-        jayway_json_paths(),
-        rfc3339_timestamps(),
-        sdk_parameter_names(),
-        map_run_failures(),
-        sdk_error_names(),
-        stops_stay_stopped(),
-        timed_out_tasks_refuse_their_tokens(),
-        parses_one_at_a_time(),
-        unstarted_executions_hold_no_tokens(),
-        stops_wait_for_the_start(),
-        executions_run_once_listed(),
-        long_polls_wait_for_changes(),
-    ):
-        paths.enter_context(patch)
+    paths.enter_context(step_functions_as_on_aws())
     queues = contextlib.ExitStack()
     mock.start()
     aws_sdk.boto_client_for = client_for
