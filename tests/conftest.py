@@ -24,6 +24,8 @@ from tests.skips import pytest_make_collect_report, pytest_runtest_makereport
 from tests.xdist_groups import pytest_xdist_make_scheduler
 
 __all__ = ["pytest_make_collect_report", "pytest_runtest_makereport", "pytest_xdist_make_scheduler"]
+# `--cpu-durations=N`: the tests that took the most CPU time (tests/cpu_times.py).
+pytest_plugins = ["tests.cpu_times"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
