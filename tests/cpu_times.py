@@ -6,7 +6,7 @@ of a run), so a test's wall-clock duration says as much about what ran beside it
 test. Its CPU time does not: the test's own process (all its threads: the rehearsals' state
 machines, the stand-ins) and every process it waited for (torchrun, the trainers, the node
 scripts; POSIX counts a child's time, and its own waited-for children's, once it is reaped:
-os.times, getrusage(RUSAGE_CHILDREN)), from the start of the test's setup to the end of its
+getrusage(2), RUSAGE_CHILDREN), from the start of the test's setup to the end of its
 teardown. A process that outlives the test or is reaped by another (an orphan that init
 reaps) is not counted, so the figure is a lower bound.
 
@@ -16,7 +16,7 @@ controller with the test's teardown report (its user_properties), which prints t
 
 from __future__ import annotations
 
-import os
+import resource
 from collections.abc import Generator
 from typing import Any
 
@@ -29,8 +29,12 @@ _measured: dict[str, float] = {}
 
 
 def _cpu_seconds() -> float:
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+    # getrusage, not os.times: microseconds, where times(2) counts in clock ticks.
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

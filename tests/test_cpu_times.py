@@ -56,8 +56,9 @@ def test_the_busiest_test_is_listed_first_with_its_childs_cpu(
     rows = [m.groups() for line in lines[start + 1 : start + 3] if (m := ROW.match(line))]
     assert [nodeid.rsplit("::", 1)[1] for _, nodeid in rows] == ["test_busy_child", "test_idle"]
     busy, idle = (float(seconds) for seconds, _ in rows)
-    assert busy >= BUSY, output
-    assert idle < BUSY, output
+    # The child's own clock and its rusage, read by its parent, differ by the kernel's rounding.
+    assert busy >= 0.9 * BUSY, output
+    assert idle < 0.5 * BUSY, output
     assert re.search(r"s cpu  all 2 tests together$", lines[start + 3]), output
 
 
