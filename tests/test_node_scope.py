@@ -10,15 +10,18 @@ processes from the others'.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.node_support import NODE, REPO_ROOT, FakeNode
+from tests.node_support import NODE, REPO_ROOT, FakeNode, unique_job_id
 
 # A job process as launch.sh leaves it: tagged, in a session of its own, waiting to be stopped.
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
@@ -153,6 +156,70 @@ def test_the_watchdog_reads_a_process_start_time_as_proc_has_it(tmp_path: Path) 
     ours, proc = first.split()
     assert ours == proc and ours.isdigit(), first
     assert rest == ["running", "other", "gone", "[]"], out
+
+
+# The leg watchdog (start_leg_watchdog, lib.sh) of a launcher that then becomes a zombie: the
+# harness starts the watchdog and the leg's one tagged process (in a session of its own, as
+# torchrun's workers are), then execs `sleep` (the same PID and start time: what the watchdog
+# watches) and waits for the test's SIGKILL, which the test does not reap.
+WATCHDOG_HARNESS = """set -Eeuo pipefail
+export TRAINIUM_STATE_DIR=$1
+source scripts/node/lib.sh
+WATCHDOG_LOG=$1/watchdog.log
+start_leg_watchdog "$2" 127.0.0.1 1 5
+env TRAINIUM_JOB_ID="$2" TRAINIUM_NODE_ADDRESS=127.0.0.1 TRAINIUM_LEG=1 setsid sleep 301 \\
+  </dev/null >/dev/null 2>&1 &
+echo "$!" > "$1/worker.pid.tmp"
+mv "$1/worker.pid.tmp" "$1/worker.pid"
+exec sleep 300
+"""
+
+
+def _state(pid: int) -> str:
+    """The process's state (proc(5), field 3), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _until(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60  # an upper bound: the watchdog looks every second
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_watchdog_takes_a_killed_launcher_its_parent_has_not_reaped_for_gone(
+    tmp_path: Path,
+) -> None:
+    """A launcher SIGKILLed (the agent's cancel) whose parent has not reaped it is a zombie
+    that /proc still lists with its start time; its leg's processes go on without it. The
+    watchdog stops them all the same (as still_running alone, it waited for the reaping)."""
+    job = unique_job_id("zombie")
+    launcher = subprocess.Popen(
+        ["bash", "-c", WATCHDOG_HARNESS, "harness", str(tmp_path), job], cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    worker = 0
+    try:
+        pid_file = tmp_path / "worker.pid"
+        _until("the leg's process", pid_file.is_file)
+        worker = int(pid_file.read_text())
+        _until("the harness to exec sleep", lambda: _state(launcher.pid) == "S" and Path(
+            f"/proc/{launcher.pid}/comm").read_text().strip() == "sleep")  # fmt: skip
+        launcher.kill()
+        _until("the launcher to be a zombie", lambda: _state(launcher.pid) == "Z")
+        _until("the watchdog to stop the leg's process", lambda: _state(worker) in ("", "Z"))
+        log = tmp_path / "watchdog.log"
+        said = f"launcher of job {job} (leg 1) is gone: stopped the processes it left"
+        _until(f"the watchdog to say so: {said}", lambda: said in log.read_text())
+        assert _state(launcher.pid) == "Z"  # never reaped meanwhile
+    finally:
+        if worker and _state(worker) not in ("", "Z"):
+            os.kill(worker, signal.SIGKILL)
+        launcher.kill()
+        launcher.wait(timeout=10)
 
 
 # job_pids (lib.sh) on two processes of one job and node: one here whose name holds ") Z ("

@@ -650,6 +650,19 @@ still_running() {
   [[ ${fields[19]} == "$2" ]]
 }
 
+# Whether process <pid> is still the one that started at <start> and has not ended: as
+# still_running, and not a zombie. A launcher killed by SIGKILL stays a zombie, listed in /proc
+# with its start time, until its parent reaps it: the SSM agent does at once, a parent that
+# does not wait (a shell or container without a reaping init) may never. What it started goes
+# on without it all that time, so the leg watchdog takes a zombie for gone.
+# still_alive <pid> <start>
+still_alive() {
+  local stat fields
+  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
+  read -ra fields <<<"${stat##*) }"
+  [[ ${fields[0]} != [ZX] && ${fields[19]} == "$2" ]]
+}
+
 # Returns once <pid>, a background child of this shell, has ended and bash has reaped it,
 # without the `wait` builtin: when a trapped signal interrupts `wait` as a child ends, bash
 # can lose that child's status (a later `wait` for it returns -1, or 128 + the signal's
@@ -694,7 +707,7 @@ untagged_sleep() {
 # this they would keep the NeuronCores and go on training. The watchdog runs in a session
 # of its own, untagged, polls the script every second, and then stops the leg's processes
 # (SIGTERM, <grace> seconds, SIGKILL). It waits its second in `read -t 1` on a pipe that never
-# has data, and asks still_running: no process started a second (a `sleep 1` and a command
+# has data, and asks still_alive: no process started a second (a `sleep 1` and a command
 # substitution running awk did: about 2,000 of each in one run of the test suite).
 # start_leg_watchdog <job-id> <node-address> <leg> <grace>
 start_leg_watchdog() {
@@ -709,7 +722,7 @@ start_leg_watchdog() {
       source "$1"
       SCRIPT_NAME=watchdog
       exec {tick}<> <(:)
-      while still_running "$2" "$3"; do read -r -t 1 -u "$tick" _ || :; done
+      while still_alive "$2" "$3"; do read -r -t 1 -u "$tick" _ || :; done
       if stop_job "$4" "$7" "$5" "$6"; then
         log "launcher of job $4 (leg $6) is gone: stopped the processes it left"
       fi' watchdog "$NODE_DIR/lib.sh" "$parent" "$started" "$job" "$node" "$leg" "$grace"
