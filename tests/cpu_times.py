@@ -8,7 +8,8 @@ machines, the stand-ins) and every process it waited for (torchrun, the trainers
 scripts; POSIX counts a child's time, and its own waited-for children's, once it is reaped:
 getrusage(2), RUSAGE_CHILDREN), from the start of the test's setup to the end of its
 teardown. A process that outlives the test or is reaped by another (an orphan that init
-reaps) is not counted, so the figure is a lower bound.
+reaps) is not counted; a thread an earlier test left running in the same process is (its
+process's time is one figure). Each is small beside the tests at the top of the table.
 
 Measured in the process that runs the test (an xdist worker, or pytest itself), and sent to the
 controller with the test's teardown report (its user_properties), which prints the table.
