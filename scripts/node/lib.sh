@@ -483,39 +483,18 @@ require_ready() {
 # "*" matches any job. Only processes tagged with this node's state directory count: on a
 # cluster node that is always /var/lib/trainium-cluster, and where several simulated nodes
 # share one machine and one address (the tests, a loopback rehearsal, two test runs side by
-# side), each has its own, so stopping one node's leftovers never ends another's job.
+# side), each has its own, so stopping one node's leftovers never ends another's job. Zombies
+# and processes in other network namespaces (other rehearsal nodes) are left out. Python, not
+# grep: a process in the middle of an exec reads as untagged to a scan that reads each
+# environment once, and grep's and sed's reads can be cut short by the exec (job_processes.py).
 job_pids() {
-  local job=$1 node=${2:-} leg=${3:-} files pid stat
-  if [[ $job == "*" ]]; then
-    files=$(grep -lzE "^TRAINIUM_JOB_ID=.+" /proc/[0-9]*/environ 2>/dev/null || true)
-  else
-    files=$(grep -lzxF "TRAINIUM_JOB_ID=$job" /proc/[0-9]*/environ 2>/dev/null || true)
-  fi
-  [[ -n $files ]] || return 0
-  # shellcheck disable=SC2086  # one file name per word
-  files=$(grep -lzxF "TRAINIUM_STATE_DIR=$STATE_DIR" $files 2>/dev/null || true)
-  [[ -n $files ]] || return 0
-  if [[ -n $node ]]; then
-    # shellcheck disable=SC2086  # one file name per word
-    files=$(grep -lzxF "TRAINIUM_NODE_ADDRESS=$node" $files 2>/dev/null || true)
-  fi
-  if [[ -n $leg && -n $files ]]; then
-    # shellcheck disable=SC2086
-    files=$(grep -lzxF "TRAINIUM_LEG=$leg" $files 2>/dev/null || true)
-  fi
-  for pid in $files; do
-    pid=${pid#/proc/}
-    pid=${pid%/environ}
-    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    # Only this node's: a rehearsal runs several nodes (network namespaces) on one machine.
-    # -ef: the same namespace (its device and inode); no readlink, no fork per process.
-    [[ /proc/$pid/ns/net -ef /proc/self/ns/net ]] || continue
-    # Not a zombie: the state follows the command name's ")" (the name may hold spaces).
-    read -r stat 2>/dev/null <"/proc/$pid/stat" || continue
-    stat=${stat##*) }
-    [[ ${stat%% *} == Z ]] && continue
-    echo "$pid"
-  done
+  local job=$1 node=${2:-} leg=${3:-} caller=$BASHPID
+  # Untagged (as untagged_sleep), so that it never takes itself for one of the job's.
+  (
+    unset "${JOB_TAGS[@]}"
+    exec python3 -I -S "$NODE_DIR/job_processes.py" --job "$job" --state-dir "$STATE_DIR" \
+      ${node:+--node "$node"} ${leg:+--leg "$leg"} --exclude "$$" --exclude "$caller"
+  )
 }
 
 # Whether a process is still running (not gone, not a zombie waiting for its parent).

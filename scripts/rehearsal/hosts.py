@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from scripts.cluster_lib import ClusterError
+from scripts.node import job_processes as node_processes
 
 SUBNET = "10.77.0"
 
@@ -34,25 +35,17 @@ def tagged_pids(
     """PIDs whose environment carries launch.sh's tags (TRAINIUM_JOB_ID / _NODE_ADDRESS), and
     the node's TRAINIUM_STATE_DIR when given: a node's state folder is its own, where an
     address drawn at random can be another rehearsal's on the same machine (lib.sh job_pids
-    keeps to its node's the same way)."""
-    wanted = []
+    keeps to its node's the same way). In every network namespace, zombies left out; a
+    process in the middle of an exec is read again until it has its environment
+    (scripts/node/job_processes.py, which job_pids runs)."""
+    tags = {}
     if job_id is not None:
-        wanted.append(f"TRAINIUM_JOB_ID={job_id}".encode())
+        tags["TRAINIUM_JOB_ID"] = job_id
     if node_address is not None:
-        wanted.append(f"TRAINIUM_NODE_ADDRESS={node_address}".encode())
+        tags["TRAINIUM_NODE_ADDRESS"] = node_address
     if state_dir is not None:
-        wanted.append(f"TRAINIUM_STATE_DIR={state_dir}".encode())
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if all(tag in environ for tag in wanted):
-            pids.append(int(entry.name))
-    return pids
+        tags["TRAINIUM_STATE_DIR"] = str(state_dir)
+    return node_processes.tagged_pids(tags)
 
 
 def kill_pids(pids: Sequence[int], sig: signal.Signals = signal.SIGKILL) -> None:
@@ -211,11 +204,4 @@ def make_hosts(count: int, mode: str = "auto") -> Iterator[Hosts]:
 def job_processes(job_id: str) -> list[int]:
     """PIDs on this machine tagged with the job (any node), zombies left out: what must be
     gone after a cancel or a stop."""
-    return [pid for pid in tagged_pids(job_id, None) if _alive(pid)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return tagged_pids(job_id, None)
