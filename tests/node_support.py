@@ -15,7 +15,6 @@ import secrets
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -303,12 +302,4 @@ def tagged(
     )
     process = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
-    if not ignore_term:
-        # Ready once bash has exec'd sleep: in the middle of the exec, /proc/<pid>/environ reads
-        # empty, and a scan for the tags (lib.sh job_pids, hosts.py tagged_pids) misses it.
-        comm = Path(f"/proc/{process.pid}/comm")
-        deadline = time.monotonic() + 60  # an upper bound only
-        while comm.read_text() != "sleep\n":
-            assert time.monotonic() < deadline, "the tagged process never exec'd sleep"
-            time.sleep(0.01)
     return process
