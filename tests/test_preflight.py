@@ -43,14 +43,14 @@ for ((i = 0; i < n; i++)); do
 done
 """
 
-# With $FAKE_DIR/fake-agreement, `python3 collective_check.py --agree ...` answers as the real
+# With $FAKE_DIR/fake-agreement, `python3 agreement.py ...` answers as the real
 # agreement does when every node passed and runs the same software (the fake torchrun, from
 # tests/node_support.py, answers for the all-reduce); everything else, and the agreement
 # without that file, runs the next python3 on PATH (with the node's PATH: the Neuron release's
 # reader runs the node's dpkg-query).
 FAKE_PYTHON3 = """#!/usr/bin/env bash
-if [[ -f "$FAKE_DIR/fake-agreement" && $1 == collective_check.py && $2 == --agree ]]; then
-  printf '%s\\n' "${@:3}" > "$FAKE_DIR/agreement.args"
+if [[ -f "$FAKE_DIR/fake-agreement" && $1 == agreement.py ]]; then
+  printf '%s\\n' "${@:2}" > "$FAKE_DIR/agreement.args"
   nodes=$(awk 'prev == "--nodes" {print} {prev = $0}' "$FAKE_DIR/agreement.args")
   software="version=$SOFTWARE_VERSION launch-template-version=$LAUNCH_TEMPLATE_VERSION ami=$AMI_ID"
   software+=" neuron=$NEURON_SOFTWARE"
@@ -377,7 +377,7 @@ def preflight_on_two_nodes(
     (None: no node.env, as on nodes older than the variables); `args` are each node's own
     extra arguments and `node_settings` lines added to each node's node.env."""
     healthy_trainium(node)
-    (node.root / "fake-agreement").unlink()  # the real agreement, through a real TCPStore
+    (node.root / "fake-agreement").unlink()  # the real agreement, over real sockets
     env = real_torchrun(node)
     node.settings["PREFLIGHT_MIN_FREE_GB"] = "0"
     node.write_env()
@@ -488,7 +488,7 @@ def test_the_agreement_names_a_node_that_never_reports() -> None:
     port = free_ports(1)
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, str(NODE / "collective_check.py"), "--agree", "--master-addr",
+        [sys.executable, str(NODE / "agreement.py"), "--master-addr",
          "127.0.0.1", "--port", str(port), "--node-rank", "0", "--nodes", "3",
          "--node-address", "127.0.0.1", "--timeout", "5"],
         capture_output=True, text=True, timeout=120, check=False,
@@ -500,11 +500,14 @@ def test_the_agreement_names_a_node_that_never_reports() -> None:
     ]
     assert time.monotonic() - start < 60
     bad = subprocess.run(
-        [sys.executable, str(NODE / "collective_check.py"), "--agree", "--nodes", "2"],
+        [sys.executable, str(NODE / "agreement.py"), "--nodes", "2"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert bad.returncode == 2
-    assert "--agree needs --master-addr --port --node-rank --node-address" in bad.stderr
+    assert bad.stderr.splitlines()[-1] == (
+        "agreement.py: error: the following arguments are required: --master-addr, --port, "
+        "--node-rank, --node-address"
+    )
 
 
 # A process in a mount namespace of its own with a rehearsal node's mounts (the node agent's

@@ -13,8 +13,8 @@
 # writable, enough free disk, the open-file limit raised to the hard limit (which must cover
 # nodes x processes + 1024), a local nccom-test all-reduce over this node's NeuronCores where
 # the Neuron tools are installed (its output is read too: its exit status on a failed check
-# is not documented). Then the nodes agree (collective_check.py --agree, one process per node,
-# a TCPStore on the first host at --port + 2): every node says whether its local checks passed
+# is not documented). Then the nodes agree (agreement.py, one process per node, one connection
+# each to the first host at --port + 2): every node says whether its local checks passed
 # and which software it runs (the node-software triple bootstrap recorded, and the versions of
 # its Neuron release: torch-neuronx, neuronx-cc, libneuronxla, runtime, driver); a node that
 # failed, a node that never reports (within --wait-ready + 180 s) and a mixed fleet stop every
@@ -259,8 +259,8 @@ check_nccom() {
 
 # Run Command starts scripts with a soft open-file limit of 1024 (systemd's default; see
 # raise_open_file_limit in lib.sh). The all-reduce's rendezvous store on the first node takes a
-# connection per rank, gloo (off Trainium) a socket per peer, and the agreement's store one per
-# node: raise the soft limit to the hard one, and fail this check when even that is too low.
+# connection per rank, gloo (off Trainium) a socket per peer, and the agreement's first node one
+# per node: raise the soft limit to the hard one, and fail this check when even that is too low.
 check_open_files() {
   local needed=$((${#HOSTS[@]} * NPROC + NOFILE_BASE))
   if ! (raise_open_file_limit "$needed") >/dev/null 2>&1; then
@@ -278,8 +278,8 @@ AGREEMENT_MARGIN=180
 # With the agreement's wait this stays within the Preflight document's 1800 s.
 COLLECTIVE_LIMIT=480
 
-# Every node first takes part in the agreement (collective_check.py --agree, one process per
-# node, a TCPStore on the first host at --port + 2), local failures or not: a node that failed
+# Every node first takes part in the agreement (agreement.py, one process per node, one
+# connection each to the first host at --port + 2), local failures or not: a node that failed
 # its local checks says so there, and every node then skips the all-reduce at once instead of
 # waiting for a broken peer until the rendezvous times out. The agreement also compares the
 # nodes' software (the node-software triple, passed in explicitly: node.env is exported only
@@ -290,17 +290,17 @@ COLLECTIVE_LIMIT=480
 # the all-reduce under torchrun, bounded by COLLECTIVE_LIMIT seconds.
 check_collective() {
   local output status=0 software verdict
-  # activate_python dies (exits) when torchrun is missing: try it in a subshell first.
+  # activate_python dies (exits) when torchrun is missing: try it in a subshell first. Such a
+  # node still takes part in the agreement, which needs only the standard library's python3,
+  # so that the others learn at once that it cannot join the all-reduce, not at the timeout.
   if ! (activate_python) >/dev/null 2>&1; then
-    fail collective "torchrun not found (NEURON_VENV=${NEURON_VENV:-unset}): this node cannot join the others"
-    return
+    fail collective "torchrun not found (NEURON_VENV=${NEURON_VENV:-unset}): this node cannot join the all-reduce"
   fi
-  activate_python
   output=$(
     cd "$NODE_DIR"
     SOFTWARE_VERSION="${SOFTWARE_VERSION:-unknown}" \
       LAUNCH_TEMPLATE_VERSION="${LAUNCH_TEMPLATE_VERSION:-unknown}" AMI_ID="${AMI_ID:-unknown}" \
-      NEURON_SOFTWARE="$neuron_software" python3 collective_check.py --agree --master-addr "${HOSTS[0]}" --port $((port + 2)) \
+      NEURON_SOFTWARE="$neuron_software" python3 agreement.py --master-addr "${HOSTS[0]}" --port $((port + 2)) \
       --node-rank "$NODE_RANK" --nodes "${#HOSTS[@]}" --node-address "$NODE_ADDRESS" \
       --failures "${failures[*]}" --timeout $((wait_ready + AGREEMENT_MARGIN)) 2>&1
   ) || status=$?
@@ -326,6 +326,7 @@ check_collective() {
     log "collective: not run: this node failed its local checks (${failures[*]}); the other nodes know"
     return
   fi
+  activate_python
   status=0
   output=$(
     cd "$NODE_DIR"
