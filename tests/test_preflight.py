@@ -371,11 +371,13 @@ def preflight_on_two_nodes(
     versions: tuple[str | None, str | None],
     args: tuple[list[str], list[str]] = ([], []),
     node_settings: tuple[str, str] = ("", ""),
+    envs: tuple[dict[str, str], dict[str, str]] = ({}, {}),
 ) -> list[subprocess.CompletedProcess[str]]:
     """preflight.sh on two loopback nodes at once, with the project's own torchrun running
     collective_check.py for real (gloo); each node's node.env carries its SOFTWARE_VERSION
     (None: no node.env, as on nodes older than the variables); `args` are each node's own
-    extra arguments and `node_settings` lines added to each node's node.env."""
+    extra arguments, `node_settings` lines added to each node's node.env and `envs` each
+    node's own environment variables."""
     healthy_trainium(node)
     (node.root / "fake-agreement").unlink()  # the real agreement, over real sockets
     env = real_torchrun(node)
@@ -383,7 +385,9 @@ def preflight_on_two_nodes(
     node.write_env()
     hosts, port = ("127.0.0.1", "127.0.0.2"), str(free_ports(3))
     runs = []
-    for address, version, extra, lines in zip(hosts, versions, args, node_settings, strict=True):
+    for address, version, extra, lines, own in zip(
+        hosts, versions, args, node_settings, envs, strict=True
+    ):
         node_env = node.root / f"node-{address}.env"
         if version is not None:
             node_env.write_text(
@@ -395,7 +399,7 @@ def preflight_on_two_nodes(
             "--node-address", address, "--nproc-per-node", "1", *extra,
         ]  # fmt: skip
         runs.append(subprocess.Popen(
-            command, env=node.env(**env, TRAINIUM_NODE_ENV=str(node_env)),
+            command, env=node.env(**{**env, **own}, TRAINIUM_NODE_ENV=str(node_env)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         ))  # fmt: skip
     results = []
@@ -480,6 +484,28 @@ def test_a_node_that_failed_a_local_check_does_not_hold_up_the_others(node: Fake
     assert "collective: not run: this node failed its local checks (disk disk)" in broken.stderr
     assert "all-reduce" not in healthy.stderr + broken.stderr
     assert elapsed < 120, f"{elapsed:.0f} s: the healthy node waited for the broken one"
+
+
+def test_a_node_without_torchrun_still_tells_the_others(node: FakeNode) -> None:
+    """Node 1 has no torchrun (a broken Neuron venv). The agreement needs only the standard
+    library's python3, so node 1 still takes part and says so, and node 0 fails at once,
+    naming it, rather than after the agreement's timeout (--wait-ready + 180 s: 1,080 s)."""
+    no_torchrun = {"PATH": f"{node.bin}:/usr/bin:/bin:/usr/sbin:/sbin"}
+    healthy, broken = preflight_on_two_nodes(
+        node, ("5f0e2d9c1a7b3e44", "5f0e2d9c1a7b3e44"), envs=({}, no_torchrun)
+    )
+    assert broken.returncode == 1, broken.stderr
+    assert re.search(
+        r"FAIL collective: torchrun not found \(NEURON_VENV=\S+\): this node cannot join the "
+        r"all-reduce\n",
+        broken.stderr,
+    ), broken.stderr
+    assert healthy.returncode == 1, healthy.stderr
+    assert (
+        "FAIL collective: not run: failed local checks on node 1 (127.0.0.2): collective\n"
+        in healthy.stderr
+    )
+    assert "all-reduce across" not in healthy.stderr + broken.stderr
 
 
 def test_the_agreement_names_a_node_that_never_reports() -> None:
