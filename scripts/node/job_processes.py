@@ -43,23 +43,24 @@ READ_SIZE = 6 << 20
 ROUNDS = 50
 PAUSE_S = 0.02
 
-_buffer = bytearray(READ_SIZE)
 
-
-def read_environ(pid: int) -> bytes | None:
-    """The process's environment, NUL-separated, read in one read(2); None when it is gone
-    or not ours to read."""
+def read_environ(pid: int, buffer: bytearray | None = None) -> bytes | None:
+    """The process's environment, NUL-separated, read in one read(2) into `buffer` (of
+    READ_SIZE bytes; one is made when none is given); None when it is gone or not ours to
+    read."""
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
     except OSError:
         return None
+    if buffer is None:
+        buffer = bytearray(READ_SIZE)
     try:
-        size = os.readv(fd, [_buffer])
+        size = os.readv(fd, [buffer])
     except OSError:
         return None
     finally:
         os.close(fd)
-    return bytes(_buffer[:size])
+    return bytes(buffer[:size])
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -115,10 +116,11 @@ def tagged_pids(
     pending = [int(e) for e in listed if e.isdigit() and int(e) not in skip]
     found: list[int] = []
     empty_once: set[int] = set()
+    buffer = bytearray(READ_SIZE)  # one per call: callers may scan from several threads
     for round_ in range(ROUNDS):
         again = []
         for pid in pending:
-            environ = read_environ(pid)
+            environ = read_environ(pid, buffer)
             if environ:
                 if _matches(set(environ.split(b"\0")), required, any_job):
                     found.append(pid)
