@@ -25,7 +25,7 @@ sockets.
     node k > 0                                  node 0 (serve)
     connect, retried until the timeout  ---->   accepts every node's connection
     {"rank": k, "report": {...}}\\n       ---->   until every rank reported or the timeout
-                                         <----   {"software": ..., "failed": ..., "missing": ...}\\n
+                                         <----   {"software": ..., "failed": ..., ...}\\n
 
 At scale: node 0 holds one connection per node until it answers, so its process needs nodes +
 a few descriptors (preflight raises the soft RLIMIT_NOFILE, 1024 under Run Command, to the
@@ -94,7 +94,9 @@ def software_verdict(nodes: dict[tuple[int, str], str], limit: int = 8) -> str:
         parts.append(
             f"{', '.join(names[:limit])}{more} {'runs' if len(names) == 1 else 'run'} {sw}"
         )
-    runs = "; ".join(parts)
+    runs = "; ".join(parts[:limit])
+    if len(parts) > limit:
+        runs += f"; and {len(parts) - limit} more versions"
     return (
         f"FAIL node-software: the nodes run different software: {runs}: roll the fleet so "
         "that every node runs the current launch template (python scripts/cluster.py roll, "
@@ -102,40 +104,53 @@ def software_verdict(nodes: dict[tuple[int, str], str], limit: int = 8) -> str:
     )
 
 
-def verdict(reports: dict[int, dict[str, Any]], missing: list[int]) -> dict[str, Any]:
-    """What the first node tells every node: the node-software line, the nodes that failed
-    their local checks ([rank, address, checks]) and those that never reported."""
+def verdict(
+    reports: dict[int, dict[str, Any]], missing: list[int], limit: int = 8
+) -> dict[str, Any]:
+    """What the first node tells every node: the node-software line, the first nodes that
+    failed their local checks ([rank, address, checks]) and that never reported, and how many
+    of each there are. Only as many as a node prints (`limit`, one more for the node itself),
+    so that the verdict stays a few KiB at any node count: node 0 sends it to every node."""
     software = software_verdict(
-        {(rank, report["address"]): report["software"] for rank, report in reports.items()}
+        {(rank, report["address"]): report["software"] for rank, report in reports.items()},
+        limit,
     )
     failed = [
         [rank, report["address"], " ".join(dict.fromkeys(report["failures"]))]
         for rank, report in sorted(reports.items())
         if report["failures"]
     ]
-    return {"software": software, "failed": failed, "missing": missing}
+    return {
+        "software": software,
+        "failed": failed[: limit + 1],
+        "failed_count": len(failed),
+        "missing": missing[:limit],
+        "missing_count": len(missing),
+    }
 
 
 def verdict_lines(
-    decision: dict[str, Any], own_rank: int, timeout: int, limit: int = 8
+    decision: dict[str, Any], own_rank: int, own_failed: bool, timeout: int, limit: int = 8
 ) -> tuple[list[str], int]:
-    """The lines this node prints and its exit status."""
-    missing = [str(rank) for rank in decision["missing"]]
-    if missing:
-        more = f" and {len(missing) - limit} more" if len(missing) > limit else ""
+    """The lines this node prints and its exit status (`own_failed`: this node failed a local
+    check, so it is one of the verdict's failed_count)."""
+    if decision["missing_count"]:
+        missing = [str(rank) for rank in decision["missing"][:limit]]
+        left = decision["missing_count"] - len(missing)
+        more = f" and {left} more" if left > 0 else ""
         return [
-            f"FAIL collective: not run: node {', '.join(missing[:limit])}{more} did not report "
+            f"FAIL collective: not run: node {', '.join(missing)}{more} did not report "
             f"within {timeout} s (its preflight did not start or could not run Python)"
         ], 1
     lines = [decision["software"]]
     if decision["software"].startswith("FAIL"):
         return lines, SOFTWARE_MISMATCH_STATUS
-    failed = [f"node {r} ({a}): {checks}" for r, a, checks in decision["failed"] if r != own_rank]
-    if failed:
-        more = f"; and {len(failed) - limit} more" if len(failed) > limit else ""
-        lines.append(
-            f"FAIL collective: not run: failed local checks on {'; '.join(failed[:limit])}{more}"
-        )
+    others = [entry for entry in decision["failed"] if entry[0] != own_rank][:limit]
+    if others:
+        failed = [f"node {r} ({a}): {checks}" for r, a, checks in others]
+        left = decision["failed_count"] - int(own_failed) - len(others)
+        more = f"; and {left} more" if left > 0 else ""
+        lines.append(f"FAIL collective: not run: failed local checks on {'; '.join(failed)}{more}")
         return lines, 1
     return lines, 0
 
@@ -308,6 +323,8 @@ def valid_decision(decision: object) -> bool:
         and isinstance(decision.get("failed"), list)
         and all(isinstance(entry, list) and len(entry) == 3 for entry in decision["failed"])
         and isinstance(decision.get("missing"), list)
+        and type(decision.get("failed_count")) is int
+        and type(decision.get("missing_count")) is int
     )
 
 
@@ -346,7 +363,7 @@ def agree(args: argparse.Namespace) -> int:
                 flush=True,
             )
             return 1
-    lines, status = verdict_lines(decision, args.node_rank, args.timeout)
+    lines, status = verdict_lines(decision, args.node_rank, bool(report["failures"]), args.timeout)
     for line in lines:
         print(line, flush=True)
     return status
