@@ -32,7 +32,9 @@ a few descriptors (preflight raises the soft RLIMIT_NOFILE, 1024 under Run Comma
 hard limit first: check_open_files), and the kernel queues at most `backlog` connections not
 yet accepted (listen(2), capped by net.core.somaxconn: 4096 since Linux 5.4): the backlog is
 the node count. The nodes retry a refused connection after 0.5 to 1.5 s, drawn at random, so
-that a thousand nodes that come up before node 0 do not knock all at once.
+that a thousand nodes that come up before node 0 do not knock all at once. The verdict names
+at most 8 nodes of each kind, as the nodes print them, and counts the rest: a few KiB to send
+to every node, whatever their number.
 """
 
 from __future__ import annotations
