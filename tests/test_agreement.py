@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -63,36 +63,50 @@ def descriptors() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+class Asking:
+    """Nodes asking node 0 on `port`, one thread each (small stacks: a thousand of them), and
+    what each got: the verdict, or the Unreachable or NoVerdict it raised."""
+
+    def __init__(self, port: int, checks: Callable[[int], tuple[str, ...]]) -> None:
+        self.port, self.checks = port, checks
+        self.answers: dict[int, Any] = {}
+        self.threads: list[threading.Thread] = []
+
+    def start(self, ranks: range) -> None:
+        threading.stack_size(256 * 1024)
+        try:
+            for rank in ranks:
+                self.threads.append(threading.Thread(target=self._ask, args=(rank,)))
+                self.threads[-1].start()
+        finally:
+            threading.stack_size(0)
+
+    def _ask(self, rank: int) -> None:
+        mine = report(rank, self.checks(rank))
+        try:
+            self.answers[rank] = ask(
+                "127.0.0.1", self.port, rank, mine, timeout=120, answer_timeout=180
+            )
+        except (Unreachable, NoVerdict) as error:
+            self.answers[rank] = error
+
+    def joined(self) -> dict[int, Any]:
+        for thread in self.threads:
+            thread.join(180)
+        return self.answers
+
+
 def test_1024_nodes_agree_half_of_them_up_before_node_0(descriptors: None) -> None:
     """1,023 nodes ask node 0 at once, 511 of them before it listens (they retry after 0.5
     to 1.5 s): every node gets the same verdict, with the one node that failed a local
     check named, and nobody missing."""
     nodes, port = 1024, free_ports(1)
-    answers: dict[int, Any] = {}
-
-    def node(rank: int) -> None:
-        failures = ("efa",) if rank == 700 else ()
-        try:
-            answers[rank] = ask(
-                "127.0.0.1", port, rank, report(rank, failures), timeout=120, answer_timeout=180
-            )
-        except (Unreachable, NoVerdict) as error:
-            answers[rank] = error
-
-    threading.stack_size(256 * 1024)
-    try:
-        early = [threading.Thread(target=node, args=(rank,)) for rank in range(1, 512)]
-        for thread in early:
-            thread.start()
-        node0 = Node0(port, nodes)
-        late = [threading.Thread(target=node, args=(rank,)) for rank in range(512, nodes)]
-        for thread in late:
-            thread.start()
-        decision = node0.result()
-        for thread in early + late:
-            thread.join(180)
-    finally:
-        threading.stack_size(0)
+    asking = Asking(port, lambda rank: ("efa",) if rank == 700 else ())
+    asking.start(range(1, 512))
+    node0 = Node0(port, nodes)
+    asking.start(range(512, nodes))
+    decision = node0.result()
+    answers = asking.joined()
     assert decision["missing"] == []
     assert decision["failed"] == [[700, "10.1.2.188", "efa"]]
     assert decision["software"] == f"PASS node-software: {SOFTWARE} on all 1024 nodes"
@@ -109,26 +123,10 @@ def test_the_verdict_stays_small_when_all_1024_nodes_failed(descriptors: None) -
     and growing with the fleet past the 64 KiB line a node reads."""
     nodes, port = 1024, free_ports(1)
     checks = ("efa", "storage", "disk", "nccom-local", "open-files", "neuron-release")
-    answers: dict[int, Any] = {}
-
-    def node(rank: int) -> None:
-        try:
-            answers[rank] = ask(
-                "127.0.0.1", port, rank, report(rank, checks), timeout=120, answer_timeout=180
-            )
-        except (Unreachable, NoVerdict) as error:
-            answers[rank] = error
-
-    threading.stack_size(256 * 1024)
-    try:
-        threads = [threading.Thread(target=node, args=(rank,)) for rank in range(1, nodes)]
-        for thread in threads:
-            thread.start()
-        decision = serve(port, nodes, report(0, checks), verdict, timeout=120)
-        for thread in threads:
-            thread.join(180)
-    finally:
-        threading.stack_size(0)
+    asking = Asking(port, lambda rank: checks)
+    asking.start(range(1, nodes))
+    decision = serve(port, nodes, report(0, checks), verdict, timeout=120)
+    answers = asking.joined()
     wrong = {rank: answer for rank, answer in answers.items() if answer != decision}
     example = next(iter(wrong.values()), None)
     assert not wrong, f"{len(wrong)} nodes got no verdict or another, e.g. {example!r}"
