@@ -4,7 +4,10 @@
 
 Every 0.2 s it reads /proc/<pid>/stat (utime + stime, proc(5)) of each descendant and keeps the
 largest value seen per process; an exited process keeps what it had used at its last sample
-(its stat stays readable until its parent reaps it). CPU seconds, unlike wall time, hardly change
+(its stat stays readable until its parent reaps it). A process is its PID and its start time
+(stat field 22): the kernel hands a PID out again once it wraps at pid_max (32,768 here, and a
+test suite starts far more processes than that), and a new process with an old PID is another
+process, not the old one's later sample. CPU seconds, unlike wall time, hardly change
 with what else the machine runs, so a test's figure before and after a change compares on a
 shared machine. The command's own output is discarded; its exit status is printed first.
 """
@@ -21,9 +24,13 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _snapshot() -> tuple[dict[int, list[int]], dict[int, tuple[float, str]]]:
+#: A process: its PID and its start time in clock ticks since boot.
+Process = tuple[int, int]
+
+
+def _snapshot() -> tuple[dict[int, list[int]], dict[int, tuple[Process, float, str]]]:
     children: dict[int, list[int]] = collections.defaultdict(list)
-    stats: dict[int, tuple[float, str]] = {}
+    stats: dict[int, tuple[Process, float, str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -35,8 +42,9 @@ def _snapshot() -> tuple[dict[int, list[int]], dict[int, tuple[float, str]]]:
                 command = f"[{(entry / 'comm').read_text().strip()}]"
         except (OSError, ValueError):
             continue
-        children[int(fields[1])].append(int(entry.name))
-        stats[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / TICKS, command)
+        pid = int(entry.name)
+        children[int(fields[1])].append(pid)
+        stats[pid] = ((pid, int(fields[19])), (int(fields[11]) + int(fields[12])) / TICKS, command)
     return children, stats
 
 
@@ -56,28 +64,38 @@ def merge(before: tuple[float, str] | None, cpu: float, command: str) -> tuple[f
     return max(cpu, before[0]), known
 
 
+def record(
+    seen: dict[Process, tuple[float, str]],
+    root: int,
+    children: dict[int, list[int]],
+    stats: dict[int, tuple[Process, float, str]],
+) -> None:
+    """Adds one sample of `root` and its descendants to `seen`."""
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        if pid in stats:
+            key, cpu, command = stats[pid]
+            seen[key] = merge(seen.get(key), cpu, command)
+        stack.extend(children.get(pid, []))
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: cpu_by_process.py COMMAND [ARG...]", file=sys.stderr)
         return 2
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    seen: dict[int, tuple[float, str]] = {}
+    seen: dict[Process, tuple[float, str]] = {}
     while process.poll() is None:
-        children, stats = _snapshot()
-        stack = [process.pid]
-        while stack:
-            pid = stack.pop()
-            if pid in stats:
-                seen[pid] = merge(seen.get(pid), *stats[pid])
-            stack.extend(children.get(pid, []))
+        record(seen, process.pid, *_snapshot())
         time.sleep(0.2)
-    total: collections.Counter[str] = collections.Counter()
+    total: dict[str, float] = collections.defaultdict(float)
     count: collections.Counter[str] = collections.Counter()
     for cpu, command in seen.values():
         total[_kind(command)] += cpu
         count[_kind(command)] += 1
     print(f"exit status {process.returncode}; CPU {sum(total.values()):.1f} s in all")
-    for kind, cpu in total.most_common(20):
+    for kind, cpu in sorted(total.items(), key=lambda item: -item[1])[:30]:
         print(f"{cpu:8.1f} s {count[kind]:4d}  {kind}")
     return 0
 
