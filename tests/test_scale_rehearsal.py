@@ -194,62 +194,129 @@ class _WindingDown:
         raise AssertionError("finish ends every node well")
 
 
+def _batches(
+    agents: SimulatedAgents, root: Path, sizes: list[int], real: dict[tuple[int, int], Any]
+) -> dict[tuple[int, int], str]:
+    """Running RunTraining invocations in batches of `sizes` nodes, one command each; the
+    nodes of `real` ((batch, node): its script) run a real node's script. Returns the keys."""
+    commands = sorted(str(uuid.uuid4()) for _ in sizes)
+    keys = {}
+    for b, (command, size) in enumerate(zip(commands, sizes, strict=True)):
+        for n in range(size):
+            instance = SimpleNamespace(instance_id=f"i-{b}{n}", state="running",
+                                       root=root / f"{b}{n}", address="10.0.0.1")  # fmt: skip
+            instance.root.mkdir()
+            folder = instance.root / "invocation"
+            folder.mkdir()
+            key = keys[b, n] = f"{command}-{instance.instance_id}"
+            agents.running[key] = fleet._Running(folder, cast(Any, instance), "RunTraining", 0.0)
+            if (b, n) in real:
+                invocation = SimpleNamespace(folder=folder, instance=instance)
+                agents.real[key] = fleet._Real(key, command, invocation, real[b, n], 0.0)
+                (instance.root / f"{command}.started").touch()
+    return keys
+
+
+def _ended(root: Path, b: int, n: int) -> bool:
+    return (root / f"{b}{n}" / "invocation" / "status.json").is_file()
+
+
 def test_finish_ends_a_real_nodes_batch_as_soon_as_its_script_has_exited(tmp_path: Path) -> None:
     """Three batches of three nodes (one SendCommand each): the first and the last each with a
     real node, whose invocation ends only once its script exits, the last's at once and the
-    first's when the test lets it. The last batch's simulated nodes end as soon as its real one
-    has exited, while the first batch's real node still winds down, so that a batch's
-    invocations end within its FailureGraceSeconds of each other whatever the machine's pace;
-    then the first batch, then the other. Ended after every real node (as before), the last
-    batch's simulated nodes waited for the first batch's real node and a thousand other nodes."""
-    commands = sorted(str(uuid.uuid4()) for _ in range(3))
+    first's when the test lets it. The last batch ends (its real node's status with its
+    simulated nodes') as soon as its real node has exited, while the first batch's real node
+    still winds down and its end is held back, so that a batch's invocations end together
+    whatever the machine's pace; then the first batch, then the other. Ended after every real
+    node (as before), the last batch's simulated nodes waited for the first batch's real node
+    and a thousand other nodes."""
     agents = SimulatedAgents(cast(Any, None))
+    held = threading.Event()
+    scripts = {
+        (0, 0): _WindingDown(tmp_path / "exit-0", held),
+        (2, 2): _WindingDown(tmp_path / "exit-2"),
+    }
+    keys = _batches(agents, tmp_path, [3, 3, 3], cast(Any, scripts))
+    for (b, n), script in scripts.items():
+        script.told = tmp_path / f"{b}{n}" / f"{keys[b, n][:36]}.exit"
     ended: list[str] = []
-    real_end = agents._end
+    simulated_end = agents._end
 
     def end(key: str, code: int, *, ending: str = "") -> None:
         ended.append(key)
-        if key in agents.real:
-            real_end(key, code, ending=ending)
-        else:
-            with agents._changed:
-                agents.running.pop(key)
+        simulated_end(key, code, ending=ending)
 
-    held = threading.Event()
-    keys = {}
-    for b, command in enumerate(commands):
-        for n in range(3):
-            instance = SimpleNamespace(instance_id=f"i-{b}{n}", state="running",
-                                       root=tmp_path / f"{b}{n}")  # fmt: skip
-            instance.root.mkdir()
-            folder = instance.root / "invocation"
-            key = keys[b, n] = f"{command}-{instance.instance_id}"
-            agents.running[key] = fleet._Running(folder, cast(Any, instance), "RunTraining", 0.0)
-            if (b, n) in ((0, 0), (2, 2)):
-                script = _WindingDown(instance.root / f"{command}.exit", held if b == 0 else None)
-                invocation = SimpleNamespace(folder=folder, instance=instance)
-                agents.real[key] = fleet._Real(key, command, invocation, cast(Any, script), 0.0)
-                (instance.root / f"{command}.started").touch()
-                folder.mkdir()
     agents._end = end  # type: ignore[method-assign]
     finishing = threading.Thread(target=agents.finish, kwargs={"timeout": 60})
     try:
         finishing.start()
-        last_batch = {keys[2, 0], keys[2, 1]}
         bound = time.monotonic() + 60  # an upper bound: the watcher looks every 0.2 s
-        while not last_batch <= set(ended):
+        while True:
+            with agents._answering:  # as an API answer sees the invocations
+                seen = {(b, n): _ended(tmp_path, b, n) for b in range(3) for n in range(3)}
+            if seen[2, 0]:
+                break
             assert time.monotonic() < bound, f"the last batch still runs; ended: {ended}"
             time.sleep(0.05)
-        assert keys[0, 1] not in ended and keys[1, 0] not in ended
+        # The last batch whole, its real node's status with it; nothing of the first batch,
+        # whose real node is held (its end too, though the node was told first).
+        assert [seen[2, n] for n in range(3)] == [True, True, True]
+        assert not any(seen[0, n] or seen[1, n] for n in range(3)), seen
     finally:
         held.set()
         finishing.join(60)
         agents.close()
     assert not finishing.is_alive()
-    assert ended[:2] == [keys[0, 0], keys[2, 2]]  # the real nodes told first
-    assert ended[2:] == [keys[2, 0], keys[2, 1], keys[0, 1], keys[0, 2],
-                         keys[1, 0], keys[1, 1], keys[1, 2]]  # fmt: skip
+    assert ended == [keys[2, 0], keys[2, 1], keys[0, 1], keys[0, 2],
+                     keys[1, 0], keys[1, 1], keys[1, 2]]  # fmt: skip
     assert agents.running == {} and agents.real == {}
     for b, n in ((0, 0), (2, 2)):
         status = json.loads((tmp_path / f"{b}{n}" / "invocation" / "status.json").read_text())
         assert status["status"] == "Success"
+
+
+def test_no_api_answer_sees_a_batch_half_ended(tmp_path: Path) -> None:
+    """Each batch's first invocation to end starts its FailureGraceSeconds for the others: so
+    `finish` ends a batch under the lock of API answers. Here, after each node's end, an
+    "API answer" (a reader under that lock) is given a tenth of a second to look: it must
+    never find a batch with some invocations ended and others running. Ended one by one
+    outside the lock (as before), the reader sees the first node of each batch ended alone,
+    which on a busy machine lasted past the scale rehearsal's 5 s grace: the supervisor
+    cancelled the rest and the 1,024-node job failed ("RunTraining ended Cancelled")."""
+    agents = SimulatedAgents(cast(Any, None))
+    keys = _batches(agents, tmp_path, [3, 3, 2], {})
+    seen: list[dict[tuple[int, int], bool]] = []
+    look, looked, done = threading.Event(), threading.Event(), threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            if look.wait(0.05):
+                look.clear()
+                with agents._answering:
+                    seen.append({bn: _ended(tmp_path, *bn) for bn in keys})
+                looked.set()
+
+    simulated_end = agents._end
+
+    def end(key: str, code: int, *, ending: str = "") -> None:
+        simulated_end(key, code, ending=ending)
+        looked.clear()
+        look.set()
+        looked.wait(0.1)  # an upper bound: under the lock the reader waits for the batch
+
+    agents._end = end  # type: ignore[method-assign]
+    watching = threading.Thread(target=reader)
+    watching.start()
+    try:
+        agents.finish(timeout=60)
+    finally:
+        done.set()
+        watching.join(60)
+        agents.close()
+    with agents._answering:
+        seen.append({bn: _ended(tmp_path, *bn) for bn in keys})
+    assert seen[-1] == dict.fromkeys(keys, True)
+    for snapshot in seen:
+        for b in range(3):
+            batch = [ended for (c, _), ended in snapshot.items() if c == b]
+            assert all(batch) or not any(batch), f"batch {b} half ended: {snapshot}"

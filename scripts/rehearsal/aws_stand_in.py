@@ -155,6 +155,8 @@ class LocalCloud:
         #: One counter of IDs for the instances and the commands.
         ids = itertools.count(1)
         self._lock = threading.Lock()
+        #: Held while an API answer is made: what changes under it, no answer sees half of.
+        self.answering = self._lock
         self.instances = instances(
             hosts, self.output, ids, cluster_name=cluster_name, cores_per_node=cores_per_node,
             node_settings=node_settings or {}, python=python,

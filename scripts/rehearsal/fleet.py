@@ -229,6 +229,13 @@ class SimulatedAgents:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _changed: threading.Condition = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event)
+    #: The stand-in's lock of API answers (LocalCloud.answering, once attached): `finish`
+    #: ends a batch under it, so no ListCommandInvocations sees the batch half ended.
+    _answering: threading.Lock = field(default_factory=threading.Lock)
+    #: The real nodes whose end `finish` makes known with their batch: None until the
+    #: script has exited, then its invocation's folder and the status its exit gives (None:
+    #: the node no longer runs).
+    _held: dict[str, tuple[Path, dict[str, Any] | None] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._changed = threading.Condition(self._lock)
@@ -243,6 +250,7 @@ class SimulatedAgents:
         """Answers what `cloud`'s SSM stand-in sends, as each node's agent would."""
         ssm = cloud.ssm
         send, cancel = ssm._ssm_SendCommand, ssm._ssm_CancelCommand
+        self._answering = cloud.answering
 
         def send_and_start(params: dict[str, Any]) -> dict[str, Any]:
             answer: dict[str, Any] = send(params)
@@ -307,12 +315,16 @@ class SimulatedAgents:
                 code = item.script.poll()
                 if code is None:
                     continue
+                ended = None
                 if instance.state == "running":
                     status, details, code = plugin_result(code, item.ending)
                     ended = {"status": status, "details": details, "code": code,
                              "started": item.started, "ended": time.time()}  # fmt: skip
-                    _write(item.invocation.folder / "status.json", ended)
                 with self._changed:
+                    if key in self._held:  # finish writes it with the batch's others
+                        self._held[key] = (item.invocation.folder, ended)
+                    elif ended is not None:
+                        _write(item.invocation.folder / "status.json", ended)
                     self.real.pop(key, None)
                     self.running.pop(key, None)
                     self._changed.notify_all()
@@ -385,31 +397,36 @@ class SimulatedAgents:
                 self._changed.wait(min(left, 1.0))
 
     def finish(self, timeout: float = 300.0) -> None:
-        """Every running trainer ends well (launch.sh's status 0), a batch's invocations close
-        together: the first invocation of a batch (one SendCommand) to end starts its
+        """Every running trainer ends well (launch.sh's status 0), each batch's invocations
+        at once: the first invocation of a batch (one SendCommand) to end starts its
         FailureGraceSeconds for the rest (5 s in the scale rehearsal), after which the
         supervisor cancels whatever still runs and the attempt fails ("RunTraining ended
-        Cancelled"). A real node's invocation ends only once launch.sh has wound down, so
-        the real nodes are told first, and the simulated nodes of a real node's batch end as
-        soon as that node's script has exited; then every other batch, one after the other.
-        Ended node by node instead, the last batch's real nodes ended first and its simulated
-        ones after a thousand other nodes' output was written: more than the grace on a busy
-        machine. `timeout` is an upper bound only."""
+        Cancelled"). So a batch ends under the stand-in's lock of API answers, and no
+        ListCommandInvocations sees it half ended, however long its 50 ends take (on a busy
+        machine, among a rehearsal's thousands of threads, 50 one after the other took more
+        than the grace). A real node's invocation ends only once launch.sh has wound down:
+        the real nodes are told first, their ends are held back, and a batch with real nodes
+        ends (theirs too) as soon as their scripts have exited; then every other batch, one
+        after the other. `timeout` is an upper bound only."""
         keys = self.training()
         real = [key for key in keys if key in self.real]
         batches: dict[str, list[str]] = {}
         for key in keys:
-            if key not in self.real:
-                batches.setdefault(key[:36], []).append(key)  # <command ID>-<instance ID>
+            batches.setdefault(key[:36], []).append(key)  # <command ID>-<instance ID>
+        with self._changed:
+            self._held.update(dict.fromkeys(real))
         for key in real:
-            self._end(key, 0)
+            self._tell(key, 0)
         deadline = time.monotonic() + timeout
         while True:
             with self._changed:
                 while True:
                     waiting = [key for key in real if key in self.real]
-                    exited = {key[:36] for key in real if key not in self.real}
-                    due = [command for command in exited if command in batches]
+                    due = [
+                        command
+                        for command in {key[:36] for key in real} & batches.keys()
+                        if not any(key.startswith(command) for key in waiting)
+                    ]
                     if due or not waiting:
                         break
                     left = deadline - time.monotonic()
@@ -417,13 +434,24 @@ class SimulatedAgents:
                         raise TimeoutError(f"{len(waiting)} real nodes still run RunTraining")
                     self._changed.wait(min(left, 1.0))
             for command in due:
-                for key in batches.pop(command):
-                    self._end(key, 0)
+                self._end_batch(batches.pop(command))
             if not waiting:
                 break
         for mates in batches.values():
-            for key in mates:
-                self._end(key, 0)
+            self._end_batch(mates)
+
+    def _end_batch(self, keys: list[str]) -> None:
+        """Ends a batch's invocations well, all under the lock of API answers: the simulated
+        nodes now, a real node (its script has exited) with the status its exit gave."""
+        with self._answering:
+            for key in keys:
+                if key not in self._held:
+                    self._end(key, 0)
+                    continue
+                with self._changed:
+                    exited = self._held.pop(key)
+                if exited is not None and exited[1] is not None:
+                    _write(exited[0] / "status.json", exited[1])
 
     def fail(self, instance: Instance, code: int = 1) -> None:
         """The node's RunTraining ends with `code` (1: torchrun failed)."""
