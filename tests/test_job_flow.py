@@ -4,6 +4,8 @@ directory of its own. The first is killed on one node (the agent's cancel: SIGKI
 process group) and resumes from its checkpoint on the same nodes; the second then starts from
 the queue, with nobody's terminal attached, and runs its own snapshot on both hosts. No node
 is replaced between them: the cluster keeps its instances and the code travels with the job.
+It is also the job queue's test on real nodes: the second job starts only once the first's last
+execution has ended (the dispatcher, through EventBridge's rule), not at its hand-over.
 """
 
 from __future__ import annotations

@@ -5,35 +5,26 @@ ASL interpreter against moto's DynamoDB, EventBridge's rule emulated from the te
 the CLI reads first are answered here, checked against botocore's output shapes.
 
 A job whose train arguments hold `--hold` runs until its execution is stopped; any other
-finishes at once (where the real supervisor would wait for nodes). The last test runs two
-queued jobs through the real supervisor on two rehearsal nodes."""
+finishes at once (where the real supervisor would wait for nodes). Two queued jobs through the
+real supervisor on two rehearsal nodes: tests/test_job_flow.py."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import scripts.cluster as cli
-from scripts.cluster_lib.executions import job_of
 from scripts.cluster_lib.queue import DISPATCHER_OUTPUT, QUEUE_TABLE_OUTPUT
 from scripts.rehearsal.aws_stand_in import validate_answer
 from tests.cdk_support import Synth, synth
 from tests.cluster_support import OUTPUTS, capture
-from tests.node_support import unique_job_id
-from tests.test_rehearsal import Cli as RehearsalCli
 from tests.test_rehearsal import (
-    execution_status,
-    job_metrics,
     operations,
     sample_data,
     short_legs,
-    stand_in,
-    train_args,
-    wait_for,
 )
 from tests.test_stacks_queue import Cluster, queue_cluster
 
@@ -192,57 +183,3 @@ def test_train_says_the_position_while_its_job_waits_then_follows_it(
     assert code == 0, (printed, capsys.readouterr())
     assert "job t4-second: queued at position 1" in printed
     assert "job t4-second finished (execution t4-second-" in printed[-1], printed
-
-
-# ------------------------------------------------------------------ on rehearsal nodes
-
-
-@pytest.mark.slow
-@pytest.mark.netns
-@pytest.mark.usefixtures("short_legs")
-def test_two_jobs_queued_back_to_back_train_one_after_the_other_on_the_nodes(
-    tmp_path: Path,
-    sample_data: Path,
-    operations: tuple[str, dict[str, Any]],
-    capfd: pytest.CaptureFixture[str],
-) -> None:
-    """The whole path on two rehearsal nodes: two `train --detach` in a row, then nothing on
-    the operator's side. The real supervisor runs the first job (preflight, RunTraining on
-    both nodes) while the second waits in the queue; the first's end starts the second through
-    EventBridge's rule and the dispatcher; each trains once, the second after the first."""
-    from scripts.rehearsal.supervisor import local_supervisor
-
-    cluster_name, template = operations
-    args = train_args(sample_data, "--max-steps", "10", "--checkpoint-every", "10",
-                      "--eval-every", "10", "--log-every", "5")  # fmt: skip
-    jobs = (unique_job_id("r-first"), unique_job_id("r-second"))
-    with (
-        stand_in(tmp_path, cluster_name=cluster_name) as cloud,
-        local_supervisor(cloud, template),
-    ):
-        for job in jobs:
-            train = RehearsalCli(cloud, "train", "--job-id", job, "--check-every", "1",
-                                 "--retry-delay", "1", "--detach", "--", *args)  # fmt: skip
-            train.run()
-            assert train.code == 0, capfd.readouterr()
-        wait_for(
-            "the second job's end",
-            lambda: execution_status(cloud, jobs[1]) not in ([], ["RUNNING"]),
-            900,
-            capfd.readouterr,
-        )
-        client = cloud.client("stepfunctions")
-        machine = cloud.stack_outputs()["JobStateMachineArn"]
-        listed = sorted(
-            client.list_executions(stateMachineArn=machine)["executions"],
-            key=lambda e: e["startDate"],
-        )
-        assert [(job_of(e["name"]), e["status"]) for e in listed] == [
-            (jobs[0], "SUCCEEDED"),
-            (jobs[1], "SUCCEEDED"),
-        ], capfd.readouterr()
-        assert listed[1]["startDate"] >= listed[0]["stopDate"]
-        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
-        assert [c.parameters["JobId"] for c in legs] == [[jobs[0]], [jobs[1]]]
-        for job in jobs:
-            assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 10

@@ -153,7 +153,7 @@ class RuleEmulator:
         something to deliver. Through the API every look cost a ListExecutions request made,
         dispatched and answered by botocore and moto, ten a second for the whole rehearsal:
         about a tenth of a core, the largest share of the test process's CPU of anything the
-        rehearsal ran (py-spy --gil: 18% of tests/test_job_queue.py's two queued jobs, 0.5%
+        rehearsal ran (py-spy --gil: 18% of a test of two queued jobs on rehearsal nodes, 0.5%
         after)."""
         from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
