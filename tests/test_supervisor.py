@@ -31,7 +31,7 @@ import pytest
 
 from scripts.cluster_lib.code import reference_snapshot
 from scripts.cluster_lib.documents import join_train_args
-from scripts.cluster_lib.executions import EXECUTION_NAME, continued_as, job_of
+from scripts.cluster_lib.executions import continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.instances import Instance
 from scripts.rehearsal.job_queue import claim_slot
@@ -79,18 +79,16 @@ from tests.test_rehearsal import (
     Cli,
     checkpoints,
     end_legs,
-    execution_status,
     gone,
     held,
     job_metrics,
     sample_data,
-    short_legs,
     stand_in,
     train_args,
     wait_for,
 )
 
-__all__ = ["sample_data", "short_legs"]  # fixtures of test_rehearsal, shared here
+__all__ = ["sample_data"]  # a fixture of test_rehearsal, shared here
 
 #: The SDK integrations the definition may use, and the IAM action each needs.
 SDK_ACTIONS = {
@@ -761,128 +759,6 @@ def poll_ids(supervisor: Supervisor) -> list[int]:
         for e in (runs[0] if runs else [])
         if e.get("stateEnteredEventDetails", {}).get("name") == "RunTrainingWait"
     ]
-
-
-@pytest.mark.slow
-@pytest.mark.netns
-@pytest.mark.usefixtures("short_legs")
-def test_a_detached_job_whose_node_is_cancelled_is_retried_resumes_and_finishes(
-    tmp_path: Path,
-    sample_data: Path,
-    default: Synth,
-    capfd: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`cluster.py train` whose operator presses Ctrl-C as soon as it has queued the job: the
-    CLI detaches (exit 0) and nothing on this side follows the job any more; the job queue's
-    dispatcher starts it. The synthesized definition runs the two-node job: preflight passes,
-    RunTraining starts on both nodes with one job ID. A second job started meanwhile, outside
-    the job queue, is refused. One node's command is then cancelled the agent's way mid-run;
-    the workflow cancels the rest after the grace, notifies, waits for the nodes, re-runs
-    preflight and sends the same job ID again, in a new execution (the history budget), which
-    resumes from its last checkpoint and finishes; `cluster.py jobs` reports the job in one row.
-    The trainers hold after step 5 (workload/stop.py) until the cancel, so the job resumes from
-    step 5 on any machine."""
-    import scripts.cluster as cli
-
-    job = unique_job_id("unattended")
-    args = train_args(sample_data, "--max-steps", "60", "--checkpoint-every", "5",
-                      "--eval-every", "30", "--log-every", "5")  # fmt: skip
-    cluster_name = default.config.cluster_name
-    printed = cli.out
-
-    def operator(message: str) -> None:  # Ctrl-C right after the job was queued
-        printed(message)
-        if f"job {job}: queued;" in message:
-            raise KeyboardInterrupt
-
-    with supervised(tmp_path, default, node_settings=HOLD_AT_5) as (cloud, supervisor):
-        monkeypatch.setattr(cli, "out", operator)
-        train = Cli(cloud, "train", "--job-id", job, "--max-retries", "1", "--retry-delay", "1",
-                    "--check-every", "1", "--failure-grace", "5", "--", *args)  # fmt: skip
-        train.run()
-        monkeypatch.setattr(cli, "out", printed)
-        captured = capfd.readouterr()
-        assert train.code == 0, captured.out + captured.err
-        assert f"detached from job {job}; it goes on in AWS" in captured.out
-        wait_for("the start", lambda: execution_status(cloud, job) == ["RUNNING"], 60, lambda: "")
-        (execution,) = [
-            e["executionArn"]
-            for e in supervisor.client.list_executions(stateMachineArn=supervisor.arn)["executions"]
-            if job_of(e["name"]) == job
-        ]
-        held(tmp_path, job, 5, 400, lambda: supervisor.trace(execution))
-        assert checkpoints(tmp_path / "jobs" / job) == [5]
-
-        second = supervisor.start("second", queued=False, TrainArgs=join_train_args(args), **FAST)
-        assert supervisor.wait(second, 300) == "FAILED"
-        refusal = supervisor.describe(second)
-        assert refusal["error"] == "JobNotDispatched"
-        assert "does not name job second" in refusal["cause"], refusal["cause"]
-
-        (command,) = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
-        assert command.parameters["JobId"] == [job]
-        hosts = ",".join(i.address for i in cloud.running())
-        assert sorted(command.parameters["Hosts"][0].split(",")) == sorted(hosts.split(","))
-        victim = cloud.running()[1]
-        cloud.cancel(command.command_id, victim.instance_id)
-        status = supervisor.wait(execution, 600)
-        assert status == "SUCCEEDED", supervisor.trace(execution)
-        assert execution_status(cloud, job) == ["SUCCEEDED", "SUCCEEDED"]
-
-        invocation = command.invocations[victim.instance_id].status()
-        assert (invocation["status"], invocation["code"]) == ("Cancelled", 137)
-        legs = [c for c in cloud.commands.values() if c.document.endswith("RunTraining")]
-        assert len(legs) == 2
-        assert [c.parameters["JobId"] for c in legs] == [[job], [job]]
-        preflights = [c for c in cloud.commands.values() if c.document.endswith("Preflight")]
-        assert len(preflights) == 2
-        assert all(i.status()["status"] == "Success" for i in preflights[1].invocations.values())
-        resumes = job_metrics(tmp_path, job, "resume")
-        assert [r["step"] for r in resumes] == [5]
-        assert max(r["step"] for r in job_metrics(tmp_path, job, "train")) == 60
-        subjects = [n["Subject"] for n in cloud.notifications]
-        assert subjects == [
-            f"{cluster_name}: job {job} started",
-            f"{cluster_name}: job {job} retries",
-            f"{cluster_name}: job {job} finished",
-        ], subjects
-        assert "retry 1 of 1" in cloud.notifications[1]["Message"]
-        assert command.command_id in cloud.notifications[1]["Message"]
-        # The retry names what happened on the node: its invocation was cancelled.
-        cause = f"{victim.instance_id}: RunTraining ended Cancelled"
-        assert cause in cloud.notifications[1]["Message"], cloud.notifications[1]
-        entered = supervisor.entered(execution)
-        assert entered.count("PreflightBatches") == 2 and entered.count("RunTrainingBatches") == 2
-        assert "RunTrainingCancelRest" in entered or "RunTrainingGraceStarts" in entered
-        # The retry went on in a new execution of the state machine (the history budget),
-        # named as the CLI names executions, with the job's settings and counters.
-        chain = supervisor.chain(execution)
-        assert len(chain) == 2, chain
-        handed = supervisor.describe(chain[0])
-        assert handed["status"] == "SUCCEEDED"
-        assert json.loads(handed["output"])["Counters"] == {"Retries": 1, "Legs": 1, "Attempts": 1}
-        match = EXECUTION_NAME.match(chain[1].rsplit(":", 1)[-1])
-        assert match and match["job"] == job, chain[1]
-        successor = json.loads(supervisor.describe(chain[1])["input"])
-        assert successor["ContinuedFrom"] == chain[0]
-        assert (successor["JobId"], successor["MaxRetries"]) == (job, 1)
-        assert successor["TrainArgs"] == join_train_args(args)
-        assert gone(job), "a process of the job outlived it"
-
-        capfd.readouterr()
-        jobs = Cli(cloud, "jobs")
-        jobs.run()
-        captured = capfd.readouterr()
-        assert jobs.code == 0, captured.err
-        # One row for the job, though the retry ran in the execution the first handed it to.
-        (row,) = [line for line in captured.out.splitlines() if line.startswith(job)]
-        fields = row.split()
-        # job, status, date, time, duration, attempts, retries, legs, step, rate, eta, then
-        # the job's metrics: rank 0's metrics file, shipped to <instance-id>/metrics.
-        assert fields[1] == "SUCCEEDED" and fields[5:9] == ["2", "1", "1", "60/60"], row
-        assert fields[10] == "done", row
-        assert any(f.startswith("eval_accuracy=") for f in fields[11:]), row
 
 
 @pytest.mark.slow
