@@ -175,6 +175,6 @@ def test_two_xla_processes_on_cpu_are_refused_clearly(
     assert (
         "torchrun started 2 processes but the XLA runtime (PJRT_DEVICE=CPU) sees a world of 1"
         in lines[0]
-    )
+    ), result.stderr[-6000:]
     # torchrun reports the failed workers with its own traceback; none runs through ours.
     assert 'File "' + str(REPO / "workload") not in result.stderr
