@@ -21,14 +21,7 @@ from scripts.cluster_lib.queue import DISPATCHER_OUTPUT, QUEUE_TABLE_OUTPUT
 from scripts.rehearsal.aws_stand_in import validate_answer
 from tests.cdk_support import Synth, synth
 from tests.cluster_support import OUTPUTS, capture
-from tests.test_rehearsal import (
-    operations,
-    sample_data,
-    short_legs,
-)
 from tests.test_stacks_queue import Cluster, queue_cluster
-
-__all__ = ["operations", "sample_data", "short_legs"]  # fixtures of test_rehearsal, shared here
 
 
 @pytest.fixture(scope="module")
