@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.workload_support import error_lines, run_train
+from tests.workload_support import REPO, TRAIN_PY, error_lines, run_train
 from workload.config import ConfigError, TrainConfig, config_from_dict, parse_config
 
 REQUIRED = ["--data", "d", "--output", "o"]
@@ -113,6 +114,47 @@ def test_command_line_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     ]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# Rank 0 waits for torchrun's SIGTERM (sent to a node's other workers once one has exited):
+# whatever the timing, rank 1 finds the error first and rank 0 never prints anything.
+RANK_ZERO_LAST = textwrap.dedent(
+    f"""
+    import os, runpy, signal, sys
+    if os.environ["RANK"] == "0":
+        signal.pause()  # until torchrun's SIGTERM, whose default action ends it
+        sys.exit(99)
+    sys.path[0] = {str(TRAIN_PY.parent)!r}
+    sys.argv[0] = {str(TRAIN_PY)!r}
+    runpy.run_path({str(TRAIN_PY)!r}, run_name="__main__")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ["--max-stepz", "3"],
+            "unrecognized arguments: --max-stepz 3 (train.py --help lists the flags)",
+        ),
+        (["--device", "cuda"], "--device cuda: no CUDA device is visible to this process"),
+    ],
+    ids=["config", "backend"],
+)
+def test_the_error_is_printed_when_another_rank_than_0_finds_it_first(
+    tmp_path: Path, flags: list[str], line: str
+) -> None:
+    # A ConfigError and a BackendError: rank 0 alone printed them, so a job whose rank 0 was
+    # SIGTERMed by torchrun before it got there (another rank exited first) ended without it.
+    script = tmp_path / "rank_zero_last.py"
+    script.write_text(RANK_ZERO_LAST)
+    args = ["--data", str(tmp_path), "--output", str(tmp_path / "out"), *flags]
+    result = run_train(args, nproc=2, script=script, cwd=REPO, timeout=300)
+    assert result.returncode != 0
+    assert error_lines(result.stderr) == [f"train.py: error: {line}"], result.stderr[-3000:]
+    # torchrun reports the failed worker with its own traceback; none runs through ours.
+    assert 'File "' + str(REPO / "workload") not in result.stderr
 
 
 def test_output_and_data_default_to_the_launchers_environment(

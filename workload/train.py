@@ -595,15 +595,21 @@ def train(config: TrainConfig, backend: Backend, started: float | None = None) -
         if backend.kind == "xla":
             log.info("Neuron/XLA environment in force: %s", neuron_environment() or "none set")
     with run.stop:  # from here on, SIGTERM ends the job at a step boundary, saved
-        run.prepare_data()
-        run.build()
-        return run.train()
+        try:
+            run.prepare_data()
+            run.build()
+            return run.train()
+        except SharedError as exc:
+            # Every rank raises it at once (after a collective), so it is printed once, by
+            # rank 0, and here: when another rank exits with it first, torchrun's SIGTERM to
+            # rank 0 only sets run.stop's flag, and rank 0 still prints it.
+            if backend.is_main:
+                _print_error(exc)
+            raise
 
 
-def _fail(exc: BaseException, code: int, show: bool) -> int:
-    if show:
-        print(f"train.py: error: {exc}", file=sys.stderr, flush=True)
-    return code
+def _print_error(exc: BaseException) -> None:
+    print(f"train.py: error: {exc}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -614,7 +620,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_config(sys.argv[1:] if argv is None else list(argv))
     except ConfigError as exc:
-        return _fail(exc, 2, show=rank == 0)
+        # Printed by every rank that finds it (the same line 32 times on a node when the
+        # command line is wrong): torchrun SIGTERMs a node's other workers as soon as one
+        # exits, before the trainer handles SIGTERM, so rank 0 alone would die unheard
+        # whenever another rank got there first; and an error of one node's environment
+        # (no CUDA device, NEURON_CC_FLAGS) is found on that node's ranks only.
+        _print_error(exc)
+        return 2
     try:
         if resolve_device_kind(config.device) == "xla":
             # Read by the Neuron runtime when the XLA device starts (in setup_backend); an
@@ -624,14 +636,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         backend = setup_backend(config.device, config.precision)
     except BackendError as exc:
-        return _fail(exc, 2, show=rank == 0)
+        _print_error(exc)  # by every rank that finds it, as a ConfigError
+        return 2
     try:
         train(config, backend, started)
         return 0
     except SharedError as exc:
-        return _fail(exc, exc.status, show=backend.is_main)
+        return exc.status  # printed by train, on rank 0
     except USER_ERRORS as exc:
-        return _fail(exc, exit_status(exc), show=True)
+        _print_error(exc)
+        return exit_status(exc)
     finally:
         backend.close()
 
