@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib.executions import job_of
+from scripts.rehearsal.history_pages import whole_history
 from scripts.rehearsal.job_queue import matches
 from scripts.rehearsal.lifecycle_hooks import termination_hook
 from scripts.rehearsal.sdk_clients import one_at_a_time
@@ -77,7 +78,7 @@ def entered(sfn: Any, execution: str) -> list[str]:
     """The states an execution entered, in order."""
     return [
         e["stateEnteredEventDetails"]["name"]
-        for e in sfn.get_execution_history(executionArn=execution, maxResults=1000)["events"]
+        for e in whole_history(sfn, execution)
         if "stateEnteredEventDetails" in e
     ]
 
@@ -185,7 +186,7 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
         ]  # fmt: skip
         assert execution["status"] == "ABORTED"
         # Stopped by the drain (its StopExecution task named the execution and its error).
-        history = sfn.get_execution_history(executionArn=drain, maxResults=1000)["events"]
+        history = whole_history(sfn, drain)
         stops = [
             json.loads(e["taskScheduledEventDetails"]["parameters"])
             for e in history

@@ -27,6 +27,7 @@ import pytest
 from scripts.cluster_lib.executions import execution_name, job_of
 from scripts.cluster_lib.outputs import StackOutputs
 from scripts.cluster_lib.queue import JobQueue
+from scripts.rehearsal.history_pages import whole_history
 from scripts.rehearsal.job_queue import LocalQueue, local_queue, table_logical_id
 from scripts.rehearsal.sdk_clients import one_at_a_time
 from scripts.rehearsal.supervisor import definition as machine_definition
@@ -135,7 +136,7 @@ class Cluster:
         return {e["executionArn"]: e["status"] for e in listed}
 
     def _holding(self, arn: str) -> bool:
-        events = self.sfn.get_execution_history(executionArn=arn)["events"]
+        events = whole_history(self.sfn, arn)
         return any(e.get("stateEnteredEventDetails", {}).get("name") == "Hold" for e in events)
 
 
@@ -563,6 +564,12 @@ class _EndingSupervisor:
     def get_execution_history(self, executionArn: str) -> dict[str, Any]:
         entered = [{"type": "ChoiceStateEntered", "stateEnteredEventDetails": {"name": "Outcome"}}]
         return {"events": entered}
+
+    def get_paginator(self, operation: str) -> Any:
+        assert operation == "get_execution_history"
+        return types.SimpleNamespace(
+            paginate=lambda executionArn, **_: [self.get_execution_history(executionArn)]
+        )
 
 
 def test_settled_waits_for_a_supervisor_that_ends_by_itself() -> None:

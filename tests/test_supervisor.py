@@ -33,6 +33,7 @@ from scripts.cluster_lib.code import reference_snapshot
 from scripts.cluster_lib.documents import join_train_args
 from scripts.cluster_lib.executions import continued_as
 from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.history_pages import whole_history
 from scripts.rehearsal.instances import Instance
 from scripts.rehearsal.job_queue import claim_slot
 from scripts.rehearsal.supervisor import definition as machine_definition
@@ -680,14 +681,7 @@ class Supervisor:
         return described
 
     def events(self, arn: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
-        while True:
-            page = self.client.get_execution_history(**kwargs)
-            events.extend(page["events"])
-            if "nextToken" not in page:
-                return events
-            kwargs["nextToken"] = page["nextToken"]
+        return whole_history(self.client, arn)
 
     def entered(self, arn: str) -> list[str]:
         """The states the job's executions entered, in order, and then those their Distributed
@@ -1019,7 +1013,7 @@ def run_states(
         ) == "RUNNING":
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        events = client.get_execution_history(executionArn=execution["executionArn"])["events"]
+        events = whole_history(client, execution["executionArn"])
         assert status == "SUCCEEDED", events[-3:]
     return {
         e["stateExitedEventDetails"]["name"]: e["stateExitedEventDetails"]["output"]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from scripts.cluster_lib.documents import join_train_args
+from scripts.rehearsal.history_pages import whole_history
 from scripts.rehearsal.hosts import job_processes
 from tests.cdk_support import Synth, synth
 from tests.node_support import unique_job_id
@@ -160,7 +161,7 @@ def read_progress(default: Synth, given: dict[str, Any]) -> tuple[str, dict[str,
         ) == "RUNNING":
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        events = client.get_execution_history(executionArn=execution["executionArn"])["events"]
+        events = whole_history(client, execution["executionArn"])
         assert status == "SUCCEEDED", events[-3:]
     entered = [e["stateEnteredEventDetails"] for e in events if "stateEnteredEventDetails" in e]
     return entered[-1]["name"], json.loads(entered[-1]["input"])

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.history_pages import whole_history
 from scripts.rehearsal.instances import REGION, Instance
 from scripts.rehearsal.supervisor import definition as machine_definition
 from scripts.rehearsal.supervisor import map_run_histories, step_functions_as_on_aws
@@ -120,9 +121,7 @@ def run_against(
             ) == "RUNNING":
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
-            events = client.get_execution_history(
-                executionArn=execution["executionArn"], maxResults=1000
-            )["events"]
+            events = whole_history(client, execution["executionArn"])
         finally:
             aws_sdk.boto_client_for = original
         histories = [list(manager.get_event_history()) for manager in children]

@@ -40,6 +40,7 @@ from scripts.cluster_lib.outputs import Stack
 from scripts.cluster_lib.queue import JobQueue
 from scripts.rehearsal.aws_stand_in import LocalCloud
 from scripts.rehearsal.fleet import SimulatedAgents, SimulatedHosts, SimulatedInstances
+from scripts.rehearsal.history_pages import whole_history
 from scripts.rehearsal.supervisor import local_supervisor, map_run_histories, synthesize_operations
 
 #: Step Functions quotas: the largest input or output of a state (256 KiB) and the most events
@@ -113,13 +114,6 @@ CHILD_STARTS = ("ReadBatchNodes", "PreflightSend", "RunTrainingSend")
 
 def _name(event: dict[str, Any]) -> str:
     return str((event.get("stateEnteredEventDetails") or {}).get("name", ""))
-
-
-def _history(client: Any, arn: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    for page in client.get_paginator("get_execution_history").paginate(executionArn=arn):
-        events += page["events"]
-    return events
 
 
 def _payloads(events: list[dict[str, Any]]) -> Iterator[tuple[int, str]]:
@@ -287,7 +281,7 @@ def rehearse(
         if described["status"] != "SUCCEEDED":
             report.final_cause = f"{described.get('error', '')}: {described.get('cause', '')}"
         report.executions = [a.rsplit(":", 1)[1] for a in chain]
-        histories = {a.rsplit(":", 1)[1]: _history(client, a) for a in chain}
+        histories = {a.rsplit(":", 1)[1]: whole_history(client, a) for a in chain}
         histories.update(
             (f"child {n}", list(m.get_event_history())) for n, m in enumerate(children)
         )

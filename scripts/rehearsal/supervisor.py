@@ -36,6 +36,7 @@ from scripts.cluster_lib.documents import DOCUMENT_NAMES
 from scripts.rehearsal import sdk_parameters
 from scripts.rehearsal.asl_timestamps import rfc3339_timestamps
 from scripts.rehearsal.aws_stand_in import LocalCloud
+from scripts.rehearsal.history_pages import histories_in_pages
 from scripts.rehearsal.job_queue import local_queue
 from scripts.rehearsal.metric_filter import template_filters
 from scripts.rehearsal.metrics_stand_in import MetricsStandIn
@@ -627,6 +628,7 @@ def step_functions_as_on_aws() -> Iterator[None]:
             stops_wait_for_the_start(),
             executions_run_once_listed(),
             long_polls_wait_for_changes(),
+            histories_in_pages(),
         ):
             adjusted.enter_context(adjustment)
         yield

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scripts.cluster_lib import ClusterError
+from scripts.rehearsal.history_pages import whole_history
 from scripts.rehearsal.job_queue import _resolve, _resources, matches
 
 ACCOUNT = "123456789012"
@@ -225,7 +226,7 @@ class WakeRules:
 def _failures(client: Any, arn: str) -> list[str]:
     """The failure events of an execution's history, with their error and cause."""
     found = []
-    for event in client.get_execution_history(executionArn=arn, maxResults=1000)["events"]:
+    for event in whole_history(client, arn):
         for key, details in event.items():
             if key.endswith("EventDetails") and "Failed" in key:
                 found.append(f"{event['type']}: {details.get('error', '')} "
