@@ -14,6 +14,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from scripts.rehearsal.ssm_agent import MAX_STDOUT_LENGTH, agent_environment
 from scripts.rehearsal.ssm_agent.runscript import (
     OUTPUT_TRUNCATED_SUFFIX,
     AgentScript,
+    pipecopy_binary,
     plugin_result,
     standard_output,
     start_script,
@@ -108,6 +110,19 @@ def rate(folder: Path) -> dict[str, Any]:
     return result
 
 
+def copy_rate(folder: Path, size: int = 256 * 1024) -> float:
+    """Bytes a second that the agent's copy (pipecopy, one byte per write, into two files)
+    moves through a pipe on this machine now."""
+    started = time.monotonic()
+    copier = subprocess.Popen(
+        [str(pipecopy_binary()), str(folder / "copied"), str(folder / "copiedConsole")],
+        stdin=subprocess.PIPE,
+    )
+    copier.communicate(b"x" * size, timeout=300)
+    assert copier.returncode == 0
+    return size / (time.monotonic() - started)
+
+
 def test_a_chatty_trainer_is_not_slowed_by_the_agents_byte_copy(node: FakeNode) -> None:
     """12 MB of log lines at several MB/s: through the agent's copy (about 0.5 MB/s here) the
     trainer would wait on its own writes, at a tenth of its pace or less. launch.sh keeps the
@@ -116,6 +131,7 @@ def test_a_chatty_trainer_is_not_slowed_by_the_agents_byte_copy(node: FakeNode) 
     args = "--steps 3000 --lines 4 --width 1000"
     direct = node.root / "direct"
     direct.mkdir()
+    copy = copy_rate(direct)  # measured beside the trainer alone: the machine's load now
     with (direct / "train.log").open("wb") as log:
         subprocess.run(
             [sys.executable, str(node.workload / "train.py"), "--output", str(direct),
@@ -133,7 +149,10 @@ def test_a_chatty_trainer_is_not_slowed_by_the_agents_byte_copy(node: FakeNode) 
         f"MB/s of log); through launch.sh under the agent: {launched['steps_per_s']:.0f} steps/s"
         f" ({launched['bytes_per_s'] / 1e6:.1f} MB/s); ratio {ratio:.2f}"
     )
-    assert alone["bytes_per_s"] > 2e6  # several MB/s, well past the agent's copy
+    # The trainer alone logs well past the agent's copy (both measured in this test: an absolute
+    # 2 MB/s failed at 1.98 with a second suite running beside this one).
+    print(f"the agent's copy: {copy / 1e6:.2f} MB/s")
+    assert alone["bytes_per_s"] > 3 * copy
     assert ratio > 0.25
     # Every line is in the node's files; the agent got launch.sh's lines only.
     node_log = node.fsx / "jobs" / job / "logs" / f"node-0-{node.loopback}.log"
