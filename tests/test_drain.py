@@ -83,6 +83,28 @@ def entered(sfn: Any, execution: str) -> list[str]:
     ]
 
 
+def _stop_reads(history: list[dict[str, Any]], invocations: Any) -> str:
+    """What a failure of the StopTraining assertion needs: each invocation's status file and
+    its node agent's starts and ends of it, and when the drain read which command status (its
+    ReadStopTraining outputs)."""
+    lines = []
+    for i in invocations:
+        lines.append(f"{i.key}: {(i.folder / 'status.json').read_text()}")
+        log = (i.instance.root / "agent.log").read_text(errors="replace").splitlines()
+        lines += [f"  agent: {line}" for line in log if i.key in line or " agent " in line]
+    for e in history:
+        if e["type"] == "TaskSucceeded":
+            task = e["taskSucceededEventDetails"]
+            said = task["output"][:120]
+            if task["resource"] == "listCommands":
+                (command,) = json.loads(task["output"])["Commands"]
+                said = f"{command['Status']}, {command['CompletedCount']} completed"
+            lines.append(f"{e['timestamp']:%H:%M:%S.%f} {task['resource']}: {said}")
+        elif e["type"] == "WaitStateEntered":
+            lines.append(f"{e['timestamp']:%H:%M:%S.%f} wait")
+    return "\n".join(lines)
+
+
 def test_only_a_capacity_block_has_a_drain() -> None:
     operations = synth().templates["operations"]
     assert not [k for k in operations["Resources"] if k.startswith("CapacityDrain")]
@@ -205,7 +227,9 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
         assert len(legs) == 1
         (stop,) = [c for c in cloud.commands.values() if c.document.endswith("StopTraining")]
         assert sorted(stop.invocations) == nodes
-        assert [i.status()["status"] for i in stop.invocations.values()] == ["Success"] * 2
+        assert [i.status()["status"] for i in stop.invocations.values()] == ["Success"] * 2, (
+            _stop_reads(history, stop.invocations.values())
+        )
         # The group scaled in: its nodes left InService and wait in Terminating:Wait, still
         # running (StopTraining reached them there), until their termination watch completes
         # the hook, as termination_watch.sh does.

@@ -50,6 +50,12 @@ from scripts.rehearsal.ssm_agent.runscript import (
 POLL_SECONDS = 0.1
 
 
+def note(*words: object) -> None:
+    """One line of the agent's log (agent.log beside the spool), with the time: what a failed
+    rehearsal's investigation reads to see when each step started and ended."""
+    print(f"{time.time():.3f}", *words, flush=True)
+
+
 def write_json(path: Path, value: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(json.dumps(value))
@@ -94,6 +100,7 @@ def start(spec: dict[str, Any]) -> Running:
     folder.mkdir(parents=True, exist_ok=True)
     now = time.time()
     write_json(folder / "status.json", {"status": "InProgress", "started": now})
+    note("start", spec["id"])
     copier = Path(spec["copier"]) if spec.get("copier") else None
     script = start_script(spec["script"], folder, spec["env"], copier=copier)
     return Running(spec, script, now)
@@ -101,6 +108,7 @@ def start(spec: dict[str, Any]) -> Running:
 
 def finish(running: Running, code: int) -> None:
     status, details, code = plugin_result(code, running.ending)
+    note("end", running.spec["id"], status, code)
     write_json(
         running.folder / "status.json",
         {
@@ -127,6 +135,7 @@ def serve(spool: Path) -> None:
     seen: set[str] = set()
     running: dict[str, Running] = {}
     write_json(spool / "agent.json", {"pid": os.getpid(), "started": time.time()})
+    note("agent", os.getpid(), "serves", spool)
     while True:
         for path in sorted(commands.glob("*.json")):
             if path.stem in seen:
@@ -137,6 +146,7 @@ def serve(spool: Path) -> None:
                 folder = Path(spec["dir"])
                 folder.mkdir(parents=True, exist_ok=True)
                 write_json(folder / "status.json", {"status": "Cancelled", "code": -1})
+                note("cancelled before its start", path.stem)
                 continue
             running[path.stem] = start(spec)
         for key, item in list(running.items()):
