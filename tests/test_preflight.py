@@ -6,7 +6,9 @@ The fake node is tests/node_support.py.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -193,6 +195,53 @@ def test_preflight_passes_on_a_healthy_node(node: FakeNode) -> None:
         "29600", "--nproc_per_node", "32",
     ]  # fmt: skip
     assert node.torchrun_env()["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.12:29601"
+
+
+#: Mounts a small tmpfs at $1 as the node's scratch volume (bootstrap's phase_scratch makes
+#: $SCRATCH_DIR/tmp on it, mode 1777), then runs the rest of the arguments with bash.
+ON_SMALL_SCRATCH = (
+    'mount -t tmpfs -o size=64m trainium-scratch "$1" && mkdir -m 1777 "$1/tmp" && shift && '
+    'exec bash "$@"'
+)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_preflight_checks_the_free_space_where_the_jobs_temporary_files_go(
+    node: FakeNode,
+) -> None:
+    """On an instance type with instance store, bootstrap puts TMPDIR (the Neuron compiler's
+    work directories) on the scratch volume and writes it to node.env: preflight checks the
+    free space there, not /tmp's on the root volume. The scratch volume here is a real 64 MiB
+    tmpfs (in a mount namespace of the test's own), so df reads 0 GiB free: below
+    --min-free-gb 1, while / has more. A TMPDIR that is not there fails the check by name
+    (preflight's own temporary files then go to /tmp)."""
+    healthy_trainium(node)
+    scratch = node.root / "scratch"
+    scratch.mkdir()
+    (node.root / "node.env").write_text(f"SCRATCH={scratch}\nTMPDIR={scratch}/tmp\n")
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", ON_SMALL_SCRATCH, "sh",
+         str(scratch), str(NODE / "preflight.sh"), "--hosts", "10.1.0.12", "--nproc-per-node",
+         "1", "--min-free-gb", "1"],
+        capture_output=True, text=True, env=node.env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    disk = [line.split("] ", 1)[1] for line in result.stderr.splitlines() if " disk: " in line]
+    assert disk[0].startswith("PASS disk: / has "), disk
+    assert disk[1:] == [f"FAIL disk: {scratch}/tmp has 0 GiB free, less than --min-free-gb 1"]
+    assert "preflight FAILED on 10.1.0.12: disk" in result.stderr
+
+    (node.root / "node.env").write_text(f"TMPDIR={node.root}/gone\n")
+    result = node.run("preflight.sh", "--hosts", "10.1.0.12", "--nproc-per-node", "1",
+                      "--min-free-gb", "0")  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert (
+        f"] FAIL disk: TMPDIR {node.root}/gone (node.env) is not a writable folder: the job's "
+        "temporary files cannot go there\n"
+    ) in result.stderr
+    assert "preflight FAILED on 10.1.0.12: disk" in result.stderr
 
 
 #: The one line a node outside the range gets (bootstrap and preflight), here for Neuron 2.31.1,

@@ -462,6 +462,10 @@ def test_cluster_py_rehearse_goes_through_the_run_command_stand_in(
     assert sorted(p.name for p in (output / "jobs" / job / "logs").iterdir()) == [
         "node-0-10.77.0.1.log", "node-1-10.77.0.2.log",
     ]  # fmt: skip
+    # A trn1.32xlarge's TMPDIR is on its instance store (bootstrap's node.env): each node's
+    # torchrun, the preflight's and the job's, made its folder in the node's scratch.
+    for node in sorted((output / "nodes").iterdir()):
+        assert len(list((node / "scratch" / "tmp").glob("torchelastic_*"))) == 2, node
 
 
 @pytest.mark.slow

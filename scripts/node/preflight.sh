@@ -6,30 +6,30 @@
 #                [--jobs-root /fsx/jobs] [--node-address ADDR] [--min-free-gb 50]
 #                [--wait-ready 900]
 #
-# Local checks: bootstrap finished (waits up to --wait-ready seconds), Neuron devices and
-# driver healthy and idle, no Neuron hardware errors in the kernel log, the Neuron release's
-# versions within the range that trains (neuron_release.py), EFA provider present with the
-# EFA_DEVICE_COUNT devices of the instance type (multi-node), FSx mounted and the jobs root
-# writable, enough free disk, the open-file limit raised to the hard limit (which must cover
-# nodes x processes + 1024), a local nccom-test all-reduce over this node's NeuronCores where
-# the Neuron tools are installed (its output is read too: its exit status on a failed check
-# is not documented). Then the nodes agree (agreement.py, one process per node, one connection
-# each to the first host at --port + 2): every node says whether its local checks passed
-# and which software it runs (the node-software triple bootstrap recorded, and the versions of
-# its Neuron release: torch-neuronx, neuronx-cc, libneuronxla, runtime, driver); a node that
-# failed, a node that never reports (within --wait-ready + 180 s) and a mixed fleet stop every
-# node at once, without an all-reduce. Otherwise every node runs collective_check.py under
-# torchrun with the training environment (an all-reduce over all NeuronCores of all nodes:
-# Neuron collectives over EFA on Trainium, gloo elsewhere), bounded by 480 s. (A cross-node
-# nccom-test starts its remote ranks with MPI over SSH, which the nodes do not have: the torch
-# all-reduce is the cross-node check.) Prints one PASS/FAIL line per check and one
-# `node-software:` line (the software version, launch template version and AMI that bootstrap
-# recorded; PASS/FAIL node-software: nodes that differ must be rolled, `cluster.py roll`).
-# Exits 1 when any check fails; 3 when the node should be replaced: bootstrap failed on this
-# boot (its marker $STATE_DIR/failed), a Neuron hardware error, Neuron software outside the
-# supported range, fewer EFA devices than EFA_DEVICE_COUNT (one line names the reasons); 4
-# when the nodes run different software (no retry helps: the fleet needs a roll; the job
-# supervisor ends the job on it). 3 wins over 4: a broken node is replaced either way.
+# Local checks: bootstrap finished (waits up to --wait-ready seconds), Neuron devices and driver
+# healthy and idle, no Neuron hardware errors in the kernel log, the Neuron release's versions
+# within the range that trains (neuron_release.py), EFA provider present with the EFA_DEVICE_COUNT
+# devices of the instance type (multi-node), FSx mounted and the jobs root writable, enough free
+# disk on / and on TMPDIR, the open-file limit raised to the hard limit (which must cover nodes x
+# processes + 1024), a local nccom-test all-reduce over this node's NeuronCores where the Neuron
+# tools are installed (its output is read too: its exit status on a failed check is not
+# documented). Then the nodes agree (agreement.py, one process per node, one connection each to
+# the first host at --port + 2): every node says whether its local checks passed and which
+# software it runs (the node-software triple bootstrap recorded, and the versions of its Neuron
+# release: torch-neuronx, neuronx-cc, libneuronxla, runtime, driver); a node that failed, a node
+# that never reports (within --wait-ready + 180 s) and a mixed fleet stop every node at once,
+# without an all-reduce. Otherwise every node runs collective_check.py under torchrun with the
+# training environment (an all-reduce over all NeuronCores of all nodes: Neuron collectives over
+# EFA on Trainium, gloo elsewhere), bounded by 480 s. (A cross-node nccom-test starts its remote
+# ranks with MPI over SSH, which the nodes do not have: the torch all-reduce is the cross-node
+# check.) Prints one PASS/FAIL line per check and one `node-software:` line (the software version,
+# launch template version and AMI that bootstrap recorded; PASS/FAIL node-software: nodes that
+# differ must be rolled, `cluster.py roll`). Exits 1 when any check fails; 3 when the node should
+# be replaced: bootstrap failed on this boot (its marker $STATE_DIR/failed), a Neuron hardware
+# error, Neuron software outside the supported range, fewer EFA devices than EFA_DEVICE_COUNT (one
+# line names the reasons); 4 when the nodes run different software (no retry helps: the fleet
+# needs a roll; the job supervisor ends the job on it). 3 wins over 4: a broken node is replaced
+# either way.
 # --min-free-gb defaults to PREFLIGHT_MIN_FREE_GB from cluster.env, else 50.
 set -Eeuo pipefail
 # shellcheck source=scripts/node/lib.sh
@@ -80,6 +80,15 @@ fail() {
 replace() { replace_reasons+=("$1"); }
 # Written by bootstrap.sh when it fails ("<time> <error>"), removed when it starts again.
 BOOTSTRAP_FAILED_MARKER="$STATE_DIR/failed"
+
+# The job's temporary files go to TMPDIR (node.env: bootstrap puts it on the scratch volume of
+# an instance type with instance store), and check_storage checks its free space. One that is
+# not a writable folder fails that check; preflight's own temporary files go to /tmp meanwhile.
+tmpdir_unusable=""
+if [[ -n ${TMPDIR:-} ]] && ! [[ -d $TMPDIR && -w $TMPDIR ]]; then
+  tmpdir_unusable=$TMPDIR
+  export TMPDIR=/tmp
+fi
 
 # The instance type says whether this node must have Neuron devices and EFA.
 expect_trainium=0
@@ -229,9 +238,16 @@ check_storage() {
     rm -f "$probe" 2>/dev/null || true
     fail jobs-root "cannot write to $jobs_root"
   fi
-  for path in / /tmp; do
-    free_kb=$(df -Pk "$path" | awk 'NR == 2 {print $4}')
-    if ((free_kb / 1048576 >= min_free_gb)); then
+  # The job's temporary files (the Neuron compiler's work directories among them) go to
+  # TMPDIR: on an instance type with instance store bootstrap puts it on the scratch volume
+  # (node.env, phase_scratch), elsewhere it is /tmp on the root volume.
+  if [[ -n $tmpdir_unusable ]]; then
+    fail disk "TMPDIR $tmpdir_unusable (node.env) is not a writable folder: the job's temporary files cannot go there"
+  fi
+  for path in / "${TMPDIR:-/tmp}"; do
+    if ! free_kb=$(df -Pk "$path" 2>/dev/null | awk 'NR == 2 {print $4}') || [[ ! $free_kb =~ ^[0-9]+$ ]]; then
+      fail disk "cannot read the free space of $path (df -Pk)"
+    elif ((free_kb / 1048576 >= min_free_gb)); then
       pass disk "$path has $((free_kb / 1048576)) GiB free"
     else
       fail disk "$path has $((free_kb / 1048576)) GiB free, less than --min-free-gb $min_free_gb"

@@ -327,6 +327,14 @@ class Instances:
             "LAUNCH_TEMPLATE_VERSION": "1",
             "SOFTWARE_VERSION": self.software_version,
         }
+        if INSTANCE_TYPES[INSTANCE_TYPE].instance_store_volumes:
+            # bootstrap's phase_scratch mounts the instance store at SCRATCH_DIR and gives the
+            # jobs TMPDIR on it (node.env); the rehearsal node's scratch is a folder of its own,
+            # so its jobs' temporary files (torchrun's among them) stay with the node.
+            scratch = instance.root / "scratch"
+            (scratch / "tmp").mkdir(parents=True)
+            (scratch / "tmp").chmod(0o1777)
+            node_env.update(SCRATCH=str(scratch), TMPDIR=str(scratch / "tmp"))
         install("/etc", "trainium-cluster/node.env",
                 "".join(f"{k}={v}\n" for k, v in node_env.items()), 0o644)  # fmt: skip
         install("/var", "lib/trainium-cluster/ready", "ready (rehearsal node)\n", 0o644)
