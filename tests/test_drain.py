@@ -28,6 +28,7 @@ from stacks.drain import DRAIN_ERROR, DRAIN_LEAD, STOP_GRACE_SECONDS
 from stacks.job_queue import SLOT_KEY
 from tests.cdk_support import Synth, alternative, resources, synth
 from tests.node_support import unique_job_id
+from tests.test_fault_rehearsals import slow_saves
 from tests.test_rehearsal import (
     HOLD_AT_5,
     Cli,
@@ -80,6 +81,16 @@ def entered(sfn: Any, execution: str) -> list[str]:
         e["stateEnteredEventDetails"]["name"]
         for e in whole_history(sfn, execution)
         if "stateEnteredEventDetails" in e
+    ]
+
+
+def command_reads(sfn: Any, execution: str) -> list[str]:
+    """The StopTraining command's statuses as the drain read them (ReadStopTraining), in order."""
+    return [
+        json.loads(e["taskSucceededEventDetails"]["output"])["Commands"][0]["Status"]
+        for e in whole_history(sfn, execution)
+        if e["type"] == "TaskSucceeded"
+        and e["taskSucceededEventDetails"]["resource"] == "listCommands"
     ]
 
 
@@ -163,7 +174,9 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
     """The job trains and holds after step 5 with no checkpoint yet; the drain starts (as its
     rule would at the drain time): the supervisor's execution ends ABORTED by the drain, the
     trainers save at step 5 and exit through StopTraining's grace, no second RunTraining
-    follows, and the group is scaled in."""
+    follows, and the group is scaled in. The trainers' save is held until the drain has read
+    StopTraining still running, so the drain's wait for the command's end is exercised, not
+    only a command that ended before the drain's first read."""
     from scripts.rehearsal.supervisor import local_supervisor
 
     block = synth(**BLOCK)
@@ -172,9 +185,11 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
     args = train_args(sample_data, "--max-steps", "5000", "--checkpoint-every", "1000",
                       "--eval-every", "5000", "--log-every", "5")  # fmt: skip
     hook = termination_hook(block.templates["compute"])
+    gate = tmp_path / "saves-may-proceed"
+    settings = {**HOLD_AT_5, **slow_saves(tmp_path, gate)}
     with (
         stand_in(
-            tmp_path, cluster_name=cluster_name, node_settings=HOLD_AT_5, termination_hook=hook
+            tmp_path, cluster_name=cluster_name, node_settings=settings, termination_hook=hook
         ) as cloud,
         local_supervisor(cloud, template) as supervisor,
     ):
@@ -193,6 +208,16 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
             input="{}",
         )["executionArn"]
         wait_for(
+            "the drain reading StopTraining while the trainers save",
+            lambda: (
+                "InProgress" in command_reads(sfn, drain)
+                or sfn.describe_execution(executionArn=drain)["status"] != "RUNNING"
+            ),
+            600,
+            capfd.readouterr,
+        )
+        gate.touch()
+        wait_for(
             "the drain's end",
             lambda: sfn.describe_execution(executionArn=drain)["status"] != "RUNNING",
             600,
@@ -200,6 +225,12 @@ def test_a_job_running_at_the_drain_time_stops_with_its_checkpoint_and_no_retry_
         )
         described = sfn.describe_execution(executionArn=drain)
         assert described["status"] == "SUCCEEDED", (described, capfd.readouterr())
+        # It read the command running, waited, and ended once it read it ended.
+        reads = command_reads(sfn, drain)
+        assert reads[0] == "InProgress" and reads[-1] == "Success", (
+            reads,
+            entered(sfn, drain),
+        )
         assert gone(job), "a process of the job outlived the drain"
 
         (execution,) = [

@@ -56,9 +56,10 @@ SLOW_SAVE_SECONDS = 35
 
 #: A rehearsal device, NOT part of the workload: on the nodes' PYTHONPATH (the rehearsal's
 #: node settings put it there), this sitecustomize wraps workload.checkpoint.save_checkpoint
-#: once that module is imported, so that every save first waits SLOW_SAVE_SECONDS, then saves;
-#: it logs when each save began and ended to the file named by REHEARSAL_SLOW_SAVE_LOG. It stands
-#: for a large model's save to FSx; workload/ itself is untouched.
+#: once that module is imported, so that every save first waits SLOW_SAVE_SECONDS (or, with
+#: REHEARSAL_SAVE_GATE, until the test makes that file), then saves; it logs when each save began
+#: and ended to the file named by REHEARSAL_SLOW_SAVE_LOG. It stands for a large model's save to
+#: FSx; workload/ itself is untouched.
 SLOW_SAVE_SITECUSTOMIZE = '''
 """Rehearsal device (tests/test_fault_rehearsals.py): every checkpoint save takes longer."""
 import functools
@@ -91,7 +92,13 @@ class _Loader(importlib.abc.Loader):
         @functools.wraps(save)
         def slow_save(output, step, *args, **kwargs):
             record("began", step)
-            time.sleep(float(os.environ["REHEARSAL_SLOW_SAVE_SECONDS"]))
+            gate = os.environ.get("REHEARSAL_SAVE_GATE")
+            if gate:
+                deadline = time.monotonic() + 900  # an upper bound only
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            else:
+                time.sleep(float(os.environ["REHEARSAL_SLOW_SAVE_SECONDS"]))
             path = save(output, step, *args, **kwargs)
             record("ended", step)
             return path
@@ -113,21 +120,24 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get("REHEARSAL_SLOW_SAVE_SECONDS"):
+if os.environ.get("REHEARSAL_SLOW_SAVE_SECONDS") or os.environ.get("REHEARSAL_SAVE_GATE"):
     sys.meta_path.insert(0, _Finder())
 '''
 
 
-def slow_saves(tmp_path: Path) -> dict[str, str]:
-    """Node settings that slow every checkpoint save by SLOW_SAVE_SECONDS (the sitecustomize
-    above, in a folder the nodes see); the saves are logged to tmp_path/slow-saves.jsonl."""
+def slow_saves(tmp_path: Path, gate: Path | None = None) -> dict[str, str]:
+    """Node settings that slow every checkpoint save by SLOW_SAVE_SECONDS, or hold it until
+    `gate` exists (the sitecustomize above, in a folder the nodes see); the saves are logged to
+    tmp_path/slow-saves.jsonl."""
     site = tmp_path / "rehearsal-site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_SAVE_SITECUSTOMIZE)
+    held = {"REHEARSAL_SAVE_GATE": str(gate)} if gate is not None else {}
     return {
         "PYTHONPATH": str(site),
         "REHEARSAL_SLOW_SAVE_SECONDS": str(SLOW_SAVE_SECONDS),
         "REHEARSAL_SLOW_SAVE_LOG": str(tmp_path / "slow-saves.jsonl"),
+        **held,
     }
 
 

@@ -1,5 +1,6 @@
 """The rehearsal's Step Functions interpreter (moto's, adjusted by scripts/rehearsal/supervisor.py
-`jayway_json_paths`) parses each JSONPath of a definition once, not every time a state runs.
+`jayway_json_paths`) reads paths as Step Functions does and parses each JSONPath of a definition
+once, not every time a state runs (the tests below the first two: how it reads a definite path).
 
 jsonpath_ng builds its PLY parser anew for every parse (jsonpath_ng/parser.py: `parse` makes a
 JsonPathParser, whose constructor runs yacc), and moto parses a state's paths each time the
@@ -91,3 +92,65 @@ def test_moto_alone_builds_a_parser_each_time_a_result_path_is_read(
     outputs, built = _run(monkeypatch, adjusted=False)
     assert len(outputs) == EXECUTIONS
     assert built >= 2 * EXECUTIONS, built
+
+
+#: A definite path through an index, in a ResultSelector-like Parameters and in a Choice, as the
+#: drain reads StopTraining's status (stacks/drain.py, ReadStopTraining and StopEnded).
+INDEXED = {
+    "StartAt": "Read",
+    "States": {
+        "Read": {
+            "Type": "Pass",
+            "Parameters": {"Status.$": "$.Commands[0].Status", "Second.$": "$.Ids[1]"},
+            "ResultPath": "$.Stop",
+            "Next": "Ended",
+        },
+        "Ended": {
+            "Type": "Choice",
+            "Choices": [
+                {"Variable": "$.Stop.Status", "StringEquals": "InProgress", "Next": "Runs"}
+            ],
+            "Default": "Over",
+        },
+        "Runs": {"Type": "Pass", "Result": "runs", "ResultPath": "$.Verdict", "End": True},
+        "Over": {"Type": "Pass", "Result": "over", "ResultPath": "$.Verdict", "End": True},
+    },
+}
+
+
+def _indexed_output(adjusted: bool) -> dict[str, Any]:
+    from moto import mock_aws
+
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        jayway_json_paths() if adjusted else contextlib.nullcontext(),
+    ):
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        machine = sfn.create_state_machine(
+            name="indexed", definition=json.dumps(INDEXED),
+            roleArn="arn:aws:iam::123456789012:role/paths",
+        )["stateMachineArn"]  # fmt: skip
+        given = {"Commands": [{"Status": "InProgress"}], "Ids": ["i-1", "i-2"]}
+        arn = sfn.start_execution(stateMachineArn=machine, input=json.dumps(given))["executionArn"]
+        deadline = time.monotonic() + WAIT
+        while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
+            assert time.monotonic() < deadline, "the execution never ended"
+            time.sleep(0.02)
+        assert described["status"] == "SUCCEEDED", described
+        output: dict[str, Any] = json.loads(described["output"])
+        return output
+
+
+def test_a_definite_path_through_an_index_gives_the_value_itself() -> None:
+    """Jayway JsonPath, which Step Functions evaluates paths with, gives a definite path's one
+    value: "$.Commands[0].Status" is "InProgress", which the Choice matches."""
+    output = _indexed_output(adjusted=True)
+    assert output["Stop"] == {"Status": "InProgress", "Second": "i-2"}
+    assert output["Verdict"] == "runs"
+
+
+def test_moto_alone_wraps_a_value_reached_through_an_index_in_a_list() -> None:
+    """What the adjustment is for: moto gives ["InProgress"], and the Choice takes its Default."""
+    output = _indexed_output(adjusted=False)
+    assert output["Stop"]["Status"] == ["InProgress"]
+    assert output["Verdict"] == "over"

@@ -251,11 +251,15 @@ _INDEFINITE = re.compile(r"\.\.|\*|\[\?\(|:|,")
 
 @contextlib.contextmanager
 def jayway_json_paths() -> Iterator[None]:
-    """moto's interpreter, made to read an indefinite path as Step Functions does: always a
-    list of the matches, [] when there are none. moto does so only for some shapes of path
-    ("$.a[*].b"); it raises "could not be found" for others that match nothing ("$[*].Ids[*]"
-    over batches that found no node, a filter that matches nothing) and unwraps a single match
-    ("$..NextToken" on a page with a token), where AWS goes on with [] and ["token"]."""
+    """moto's interpreter, made to read paths as Step Functions does (Jayway JsonPath). An
+    indefinite path gives a list of the matches, [] when there are none: moto does so only for
+    some shapes of path ("$.a[*].b"); it raises "could not be found" for others that match
+    nothing ("$[*].Ids[*]" over batches that found no node, a filter that matches nothing) and
+    unwraps a single match ("$..NextToken" on a page with a token), where AWS goes on with []
+    and ["token"]. A definite path (names and single indexes) gives the one value it names:
+    moto wraps a value reached through an index in a list ("$.Commands[0].Status" gave
+    ["InProgress"], which no StringEquals matches), and the drain, reading StopTraining's
+    status so, ended at its first read whatever the command's state."""
     from jsonpath_ng import parse as parse_plain
     from jsonpath_ng.ext import parse as parse_path
     from moto.stepfunctions.parser.asl.component.common.path import result_path
@@ -272,7 +276,10 @@ def jayway_json_paths() -> Iterator[None]:
 
     def extract_json(path: str, data: Any) -> Any:
         if not _INDEFINITE.search(path):
-            return original(path, data)
+            matches = parse(path).find(data)
+            if not matches:
+                return original(path, data)  # moto's "could not be found", as on AWS
+            return matches[0].value
         return [match.value for match in parse(path).find(data)]
 
     # Every module of the interpreter that imported the function by name.
@@ -289,8 +296,12 @@ def jayway_json_paths() -> Iterator[None]:
         yield
     finally:
         json_path.parse, result_path.parse = original_parse, original_result_parse
-        for module in users:
-            module.extract_json = original  # type: ignore[attr-defined]
+        # Those that imported it while inside too (moto imports some modules on first use).
+        for name, module in list(sys.modules.items()):
+            if name.startswith("moto.stepfunctions") and (
+                module in users or getattr(module, "extract_json", None) is extract_json
+            ):
+                module.extract_json = original  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
