@@ -369,20 +369,27 @@ def test_a_job_queued_behind_the_drained_one_waits_for_the_next_windows_nodes(
         )
         assert sfn.describe_execution(executionArn=drain)["status"] == "SUCCEEDED"
         assert checkpoints(tmp_path / "jobs" / first) == [5]
-        # The queued job started once the drained one ended, and waits for nodes.
-        wait_for(
-            "the queued job waiting for nodes",
-            lambda: (
-                execution_of(second)
-                and "WaitForNodes" in entered(sfn, execution_of(second)[0]["executionArn"])
-            ),
-            120,
-            capfd.readouterr,
-        )
-        (queued,) = execution_of(second)
-        assert queued["status"] == "RUNNING"
-        states = entered(sfn, queued["executionArn"])
-        assert "CountAttempt" not in states and "CountRetry" not in states, states
+
+        # The queued job started once the drained one ended, and waits for nodes. While it
+        # waits it may hand itself over to a new execution (after MAX_NODE_WAITS polls, 100 s at
+        # PollSeconds 1, which a drain waiting for a slow save can outlast): one execution runs,
+        # in WaitForNodes, and each earlier one ended SUCCEEDED naming its successor.
+        runs: list[dict[str, Any]] = []
+
+        def waiting() -> bool:
+            runs[:] = execution_of(second)
+            running = [e for e in runs if e["status"] == "RUNNING"]
+            return len(running) == 1 and "WaitForNodes" in entered(sfn, running[0]["executionArn"])
+
+        wait_for("the queued job waiting for nodes", waiting, 120, capfd.readouterr)
+        (queued,) = [e for e in runs if e["status"] == "RUNNING"]
+        for run in runs:
+            states = entered(sfn, run["executionArn"])
+            assert "CountAttempt" not in states and "CountRetry" not in states, states
+            if run is not queued:
+                described = sfn.describe_execution(executionArn=run["executionArn"])
+                assert described["status"] == "SUCCEEDED", described
+                assert "ContinuedAs" in json.loads(described["output"]), described
         # No Preflight or RunTraining since the drain started: the drained job's one attempt.
         assert attempt_commands() == before, attempt_commands()
         # The nodes it would have met are still running, out of service, under the hook.
