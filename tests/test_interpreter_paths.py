@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 import boto3
 import pytest
@@ -36,9 +36,14 @@ DEFINITION = {
 }
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, adjusted: bool) -> tuple[list[Any], int]:
-    """EXECUTIONS executions of DEFINITION in moto's interpreter: their outputs, and how many
-    jsonpath_ng parsers were built while they ran."""
+def _run(
+    monkeypatch: pytest.MonkeyPatch,
+    adjusted: bool,
+    definition: dict[str, Any] = DEFINITION,
+    inputs: list[dict[str, Any]] | None = None,
+) -> tuple[list[Any], int]:
+    """Executions of `definition` in moto's interpreter, one per input (EXECUTIONS of DEFINITION
+    by default): their outputs, and how many jsonpath_ng parsers were built while they ran."""
     from jsonpath_ng.parser import JsonPathParser
     from moto import mock_aws
 
@@ -57,13 +62,13 @@ def _run(monkeypatch: pytest.MonkeyPatch, adjusted: bool) -> tuple[list[Any], in
     ):
         sfn = boto3.client("stepfunctions", region_name=REGION)
         machine = sfn.create_state_machine(
-            name="paths", definition=json.dumps(DEFINITION),
+            name="paths", definition=json.dumps(definition),
             roleArn="arn:aws:iam::123456789012:role/paths",
         )["stateMachineArn"]  # fmt: skip
         built[0] = 0
-        for n in range(EXECUTIONS):
+        for n, given in enumerate(inputs or [{"i": n} for n in range(EXECUTIONS)]):
             arn = sfn.start_execution(
-                stateMachineArn=machine, name=f"run-{n}", input=json.dumps({"i": n})
+                stateMachineArn=machine, name=f"run-{n}", input=json.dumps(given)
             )["executionArn"]
             deadline = time.monotonic() + WAIT
             while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
@@ -118,39 +123,26 @@ INDEXED = {
 }
 
 
-def _indexed_output(adjusted: bool) -> dict[str, Any]:
-    from moto import mock_aws
-
-    with (
-        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
-        jayway_json_paths() if adjusted else contextlib.nullcontext(),
-    ):
-        sfn = boto3.client("stepfunctions", region_name=REGION)
-        machine = sfn.create_state_machine(
-            name="indexed", definition=json.dumps(INDEXED),
-            roleArn="arn:aws:iam::123456789012:role/paths",
-        )["stateMachineArn"]  # fmt: skip
-        given = {"Commands": [{"Status": "InProgress"}], "Ids": ["i-1", "i-2"]}
-        arn = sfn.start_execution(stateMachineArn=machine, input=json.dumps(given))["executionArn"]
-        deadline = time.monotonic() + WAIT
-        while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
-            assert time.monotonic() < deadline, "the execution never ended"
-            time.sleep(0.02)
-        assert described["status"] == "SUCCEEDED", described
-        output: dict[str, Any] = json.loads(described["output"])
-        return output
+def _indexed_output(monkeypatch: pytest.MonkeyPatch, adjusted: bool) -> dict[str, Any]:
+    given = {"Commands": [{"Status": "InProgress"}], "Ids": ["i-1", "i-2"]}
+    (output,), _ = _run(monkeypatch, adjusted, INDEXED, [given])
+    return cast(dict[str, Any], output)
 
 
-def test_a_definite_path_through_an_index_gives_the_value_itself() -> None:
+def test_a_definite_path_through_an_index_gives_the_value_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Jayway JsonPath, which Step Functions evaluates paths with, gives a definite path's one
     value: "$.Commands[0].Status" is "InProgress", which the Choice matches."""
-    output = _indexed_output(adjusted=True)
+    output = _indexed_output(monkeypatch, adjusted=True)
     assert output["Stop"] == {"Status": "InProgress", "Second": "i-2"}
     assert output["Verdict"] == "runs"
 
 
-def test_moto_alone_wraps_a_value_reached_through_an_index_in_a_list() -> None:
+def test_moto_alone_wraps_a_value_reached_through_an_index_in_a_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """What the adjustment is for: moto gives ["InProgress"], and the Choice takes its Default."""
-    output = _indexed_output(adjusted=False)
+    output = _indexed_output(monkeypatch, adjusted=False)
     assert output["Stop"]["Status"] == ["InProgress"]
     assert output["Verdict"] == "over"
