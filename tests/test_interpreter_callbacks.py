@@ -251,3 +251,46 @@ def test_a_park_whose_send_failed_leaves_no_deadline_behind() -> None:
         assert sfn.describe_execution(executionArn=arn)["status"] == "FAILED"
         assert len(task_timeouts._DEADLINES) == 1  # the deadline its timeout set, never taken
     assert task_timeouts._DEADLINES == {}
+
+
+def test_a_token_sent_past_the_deadline_before_the_wait_has_woken_is_refused() -> None:
+    """The deadline decides, not the interpreter's thread: the callback's wait is held (as a
+    loaded machine holds a thread) until the token has been sent, past the task's deadline.
+    Step Functions refuses it with TaskTimedOut; the task times out, once."""
+    from moto import mock_aws
+    from moto.stepfunctions.parser.asl.eval.callback.callback import CallbackEndpoint
+
+    from scripts.rehearsal import task_timeouts
+
+    token_sent = threading.Event()
+    with (
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+        _machine(adjusted=True) as (sqs, sfn, url, machine),
+        _threads_joined(),
+    ):
+        adjusted_wait = CallbackEndpoint.wait
+
+        def held_wait(self: Any, timeout: float | None = None) -> Any:
+            assert token_sent.wait(WAIT), "the test never sent the token"
+            return adjusted_wait(self, timeout)
+
+        CallbackEndpoint.wait = held_wait  # type: ignore[method-assign]
+        try:
+            arn = sfn.start_execution(
+                stateMachineArn=machine, input=json.dumps({"Seconds": TIMEOUT})
+            )["executionArn"]
+            (message,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=20)["Messages"]
+            token = json.loads(message["Body"])["TaskToken"]
+            deadline = task_timeouts._DEADLINES[token]
+            time.sleep(max(0.0, deadline - time.monotonic()) + 0.01)  # to the deadline, no race
+            answer = _send(sfn, token)
+            token_sent.set()
+            _entered(sfn, arn, "Woken", "TimedOut")
+            sfn.stop_execution(executionArn=arn)
+        finally:
+            token_sent.set()
+            CallbackEndpoint.wait = adjusted_wait  # type: ignore[method-assign]
+        history = _history(sfn, arn)
+    assert answer == "TaskTimedOut", history
+    assert [t for t in history if t in ("TaskSucceeded", "TaskTimedOut")] == ["TaskTimedOut"]
+    assert "TimedOut" in history and "Woken" not in history, history

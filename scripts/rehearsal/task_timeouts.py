@@ -112,6 +112,16 @@ def timed_out_tasks_refuse_their_tokens() -> Iterator[None]:
         def deliver(self: Any, callback_id: str, *args: Any, **kwargs: Any) -> Any:
             with _LOCK:
                 endpoint = self._pool.get(callback_id)
+                if endpoint is not None and endpoint._outcome is None:
+                    deadline = _DEADLINES.get(callback_id)
+                    if (
+                        endpoint.consumer_error is None
+                        and deadline is not None
+                        and time.monotonic() >= deadline
+                    ):
+                        # Past the deadline the task has timed out, whether or not its
+                        # callback's thread has woken to say so yet.
+                        endpoint.report(CallbackConsumerTimeout())
                 if endpoint is not None and isinstance(
                     endpoint.consumer_error, CallbackConsumerTimeout
                 ):
